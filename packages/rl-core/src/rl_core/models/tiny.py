@@ -1,0 +1,122 @@
+"""Tiny HF models and tokenizers built offline, for tests and smoke recipes.
+
+Nothing here touches a hub: the tokenizer is a byte-level BPE trained in a fraction of a second on a
+fixed procedural corpus, and the models are randomly initialised from a config (seeded).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
+
+_WORDS = (
+    "the answer is what of and to a in that it for you was on are with as be this have from or "
+    "one had by word but not all were we when your can said there use an each which she do how "
+    "their if will up other about out many then them these so some her would make like him into "
+    "time has look two more write go see number no way could people my than first water been call "
+    "who oil its now find long down day did get come made may part sum plus minus times equals "
+    "solve compute add multiply subtract final box boxed think step move left right up down board "
+    "tile puzzle solved python code print def return tool calculator result error user assistant "
+    "system question please reasoning correct wrong"
+).split()
+
+
+def _corpus(seed: int = 0, lines: int = 3000) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(lines):
+        a, b = rng.randint(0, 999), rng.randint(0, 999)
+        op = rng.choice(["+", "-", "*"])
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 12)))
+        out.append(f"What is {a} {op} {b}? {words}. The answer is \\boxed{{{a + b}}}.")
+    return out
+
+
+def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0, variant: str = "bpe"):
+    """A ``PreTrainedTokenizerFast`` with a ChatML chat template.
+
+    ``variant="bpe"`` is a byte-level BPE; ``variant="char"`` is byte-level with no merges beyond
+    the alphabet (a tokenizer that really differs from the BPE one, for cross-tokenizer tests).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    size = len(alphabet) + len(SPECIAL_TOKENS) if variant == "char" else vocab_size
+    trainer = trainers.BpeTrainer(
+        vocab_size=size, special_tokens=SPECIAL_TOKENS, initial_alphabet=alphabet, show_progress=False
+    )
+    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<pad>",
+        unk_token=None,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_model_config(tokenizer, family: str = "llama", **overrides):
+    """Config of a ~100k-parameter model (head_dim 32, as vLLM's CPU kernels need >= 32)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        dtype="float32",
+    )
+    common.update(overrides)
+    if family == "llama":
+        return LlamaConfig(**common)
+    if family == "qwen2":
+        common.pop("head_dim")
+        return Qwen2Config(**common)
+    raise ValueError(f"unknown tiny model family {family!r}; use 'llama' or 'qwen2'")
+
+
+def build_tiny_model(tokenizer, family: str = "llama", seed: int = 0, **overrides):
+    """A randomly initialised causal LM (seeded, fp32, eval mode)."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_model_config(tokenizer, family, **overrides)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval()
+
+
+def save_tiny_model(path: str | Path, family: str = "llama", seed: int = 0, vocab_size: int = 512,
+                    tokenizer_variant: str = "bpe", **overrides) -> Path:
+    """Build a tiny model + tokenizer and save them as an HF directory (safetensors). Returns the path."""
+    path = Path(path)
+    tokenizer = build_tiny_tokenizer(vocab_size=vocab_size, seed=seed, variant=tokenizer_variant)
+    model = build_tiny_model(tokenizer, family=family, seed=seed, **overrides)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path

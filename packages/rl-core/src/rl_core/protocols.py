@@ -1,0 +1,94 @@
+"""The narrow interfaces between packages. Algorithms talk only to these; apps/ picks concrete ones."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from rl_core.batch import Batch
+from rl_core.types import Completion, ModelOutputs, Normalizer, SamplingParams, StepResult
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """Turns prompts (token ids) into completions with per-token logprobs."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        """``sampling.n`` completions for every prompt, in prompt order: ``result[i][j]``."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights (HF parameter names, full tensors) in place."""
+        ...
+
+    def sleep(self) -> None:
+        """Free the KV cache (and what else the engine can) until ``wake``."""
+        ...
+
+    def wake(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class LossFn(Protocol):
+    """A loss over one micro-batch.
+
+    Returns ``(loss, metrics)``. The loss is already divided by the GLOBAL denominators in
+    ``normalizer``, so summing it over micro-batches (and workers) gives the full-batch loss; every
+    metric is a contribution that sums the same way.
+    """
+
+    needs_logits: bool
+    """Ask the backend for ``ModelOutputs.logits`` ([B, T, V])."""
+
+    def __call__(self, outputs: ModelOutputs, batch: Batch, normalizer: Normalizer) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+@runtime_checkable
+class TrainingBackend(Protocol):
+    """A policy being trained (possibly sharded over many workers)."""
+
+    def train(self, batch: Batch, loss_fn: LossFn, *, temperature: float = 1.0) -> dict[str, float]:
+        """One optimizer step over ``batch`` (micro-batched inside). Returns summed loss metrics plus
+        ``loss``, ``grad_norm`` and ``lr``."""
+        ...
+
+    def logprobs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
+        """[B, T] logprobs of ``batch['input_ids']`` under the current weights."""
+        ...
+
+    def reference_logprobs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
+        """[B, T] logprobs under the frozen reference (initial or LoRA-base) weights."""
+        ...
+
+    def topk_logits(self, batch: Batch, k: int, *, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(values [B, T, k], indices [B, T, k])`` of the distribution scoring each token."""
+        ...
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (unsharded, LoRA-merged) tensors in HF names, for refit and export."""
+        ...
+
+    def save(self, path: str) -> None: ...
+
+    def load(self, path: str) -> None: ...
+
+    def export_hf(self, path: str) -> None:
+        """A consolidated HF directory (safetensors, config, tokenizer)."""
+        ...
+
+    def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """Grades (and for multi-turn tasks, answers) the model's turns.
+
+    ``messages`` is the conversation so far, the model's latest turn last. ``state`` is None on the
+    first call and afterwards whatever the previous ``StepResult.state`` was. Implementations must be
+    picklable (they may run in worker processes)."""
+
+    def step(self, messages: list[dict[str, str]], metadata: dict[str, Any], state: dict | None) -> StepResult: ...

@@ -1,0 +1,55 @@
+"""Fixtures shared by every test folder: tiny models, one Ray per session, GPU skipping."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from rl_core.models import build_tiny_tokenizer
+
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """An HF directory holding a tiny Llama (head_dim 32) and its tokenizer."""
+    from rl_core.models import save_tiny_model
+
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny-llama"), family="llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory):
+    from rl_core.models import save_tiny_model
+
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), family="qwen2"))
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole test session (each start costs seconds here)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=True, configure_logging=False)
+    yield ray
+    ray.shutdown()
