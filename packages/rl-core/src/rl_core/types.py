@@ -130,3 +130,6 @@ class ModelOutputs:
     logprobs: ``logits[b, t]`` is the distribution that scored ``input_ids[b, t]`` (row 0 is zero)."""
     entropy: torch.Tensor | None = None
     """[B, T] entropy of the predictive distribution that scored token t, when computed."""
+    scores: torch.Tensor | None = None
+    """[B] scalar scores of a sequence-classification (reward model) head, read at each sequence's
+    last real token, when the backend trains a reward model."""
