@@ -1,3 +1,23 @@
 """Training backends: PyTorch DTensor (FSDP2 + tensor parallel) and Megatron-core, as Ray worker groups."""
 
+from rl_backends_train.build import build_training_backend
+from rl_backends_train.config import (
+    DynamicBatchingConfig,
+    LoRAConfig,
+    OptimizerConfig,
+    PackingConfig,
+    SchedulerConfig,
+    TrainBackendConfig,
+)
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "DynamicBatchingConfig",
+    "LoRAConfig",
+    "OptimizerConfig",
+    "PackingConfig",
+    "SchedulerConfig",
+    "TrainBackendConfig",
+    "build_training_backend",
+]

@@ -1,3 +1,24 @@
 """Environments and reward functions: math, arithmetic, countdown, sandboxed code, tools, sliding puzzle, reward models."""
 
 __version__ = "0.1.0"
+
+from rl_environments.arithmetic import ArithmeticDatasetConfig, ArithmeticEnvironment, arithmetic_split
+from rl_environments.code_env import CodeEnvironment
+from rl_environments.config import DatasetConfig, EnvConfig, FileDatasetConfig, ToolsDatasetConfig
+from rl_environments.countdown import CountdownDatasetConfig, CountdownEnvironment, countdown_split
+from rl_environments.datasets import build_dataset, load_prompt_file, read_records
+from rl_environments.math_env import MathEnvironment
+from rl_environments.registry import build_environment, list_environments, register_environment
+from rl_environments.reward_function import RewardFunctionEnvironment, reward_function_environment
+from rl_environments.reward_model import RewardModelEnvironment
+from rl_environments.sliding_puzzle import SlidingPuzzleDatasetConfig, SlidingPuzzleEnvironment, sliding_puzzle_split
+from rl_environments.tools import ToolsEnvironment, parse_tool_calls, tools_split
+
+__all__ = [
+    "ArithmeticDatasetConfig", "ArithmeticEnvironment", "CodeEnvironment", "CountdownDatasetConfig",
+    "CountdownEnvironment", "DatasetConfig", "EnvConfig", "FileDatasetConfig", "MathEnvironment",
+    "RewardFunctionEnvironment", "RewardModelEnvironment", "SlidingPuzzleDatasetConfig", "SlidingPuzzleEnvironment",
+    "ToolsDatasetConfig", "ToolsEnvironment", "arithmetic_split", "build_dataset", "build_environment",
+    "countdown_split", "list_environments", "load_prompt_file", "parse_tool_calls", "read_records",
+    "register_environment", "reward_function_environment", "sliding_puzzle_split", "tools_split",
+]

@@ -1,0 +1,77 @@
+"""Config sections of the dataset loaders (``data:`` in the SFT, DPO, RM and distillation recipes)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rl_core.config import StrictModel
+
+BadRowPolicy = Literal["error", "skip"]
+FileFormat = Literal["auto", "jsonl", "parquet"]
+
+
+class DataFileConfig(StrictModel):
+    """Where the rows are and what to do with rows that cannot be used."""
+
+    train_path: str
+    """A ``.jsonl`` (one JSON object per line) or ``.parquet`` file of training rows."""
+    validation_path: str | None = None
+    """Held-out rows in the same layout (None: no validation)."""
+    format: FileFormat = "auto"
+    """``auto`` picks by file extension (``.jsonl``/``.json`` or ``.parquet``)."""
+    max_length: int = Field(1024, gt=1)
+    """Most tokens of one tokenised sample (prompt + response). Longer rows are bad rows."""
+    on_bad_row: BadRowPolicy = "error"
+    """``error``: stop with a message naming the file and row. ``skip``: drop the row and count it."""
+
+
+class ChatDataConfig(DataFileConfig):
+    """Supervised rows: a chat (``messages``) or a prompt/response pair, loss on assistant tokens only."""
+
+    row_format: Literal["auto", "messages", "prompt_response"] = "auto"
+    """``auto``: rows holding ``messages_key`` are chats, the others prompt/response pairs."""
+    messages_key: str = "messages"
+    """Field holding a list of ``{"role", "content"}`` messages."""
+    prompt_key: str = "prompt"
+    """Field holding the prompt: a string (one user message) or a list of messages."""
+    response_key: str = "response"
+    """Field holding the response string (one assistant message)."""
+    system_prompt: str | None = None
+    """A system message put first when a row has none."""
+    train_on: Literal["all_assistant", "last_assistant"] = "all_assistant"
+    """Which assistant turns of a chat carry loss."""
+    use_chat_template: bool = True
+    """False: plain ``prompt + response + eos`` text (for base models without a chat template)."""
+
+
+class PreferenceDataConfig(DataFileConfig):
+    """Preference pairs: a prompt, a chosen and a rejected response (DPO, reward models)."""
+
+    prompt_key: str = "prompt"
+    """Field holding the prompt: a string (one user message) or a list of messages."""
+    chosen_key: str = "chosen"
+    """Field holding the preferred response: a string or a list of assistant message(s)."""
+    rejected_key: str = "rejected"
+    """Field holding the other response, in the same layout as ``chosen_key``."""
+    system_prompt: str | None = None
+    """A system message put first when a prompt has none."""
+    use_chat_template: bool = True
+    """False: plain ``prompt + response + eos`` text."""
+
+
+class TextDataConfig(DataFileConfig):
+    """Plain text rows (cross-tokenizer distillation)."""
+
+    text_key: str = "text"
+    """Field holding the text."""
+
+
+class PromptDataConfig(DataFileConfig):
+    """Prompts only (on-policy distillation): the policy writes the responses."""
+
+    prompt_key: str = "prompt"
+    """Field holding the prompt: a string (one user message) or a list of messages."""
+    system_prompt: str | None = None
+    """A system message put first when a prompt has none."""

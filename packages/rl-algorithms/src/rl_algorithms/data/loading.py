@@ -1,0 +1,113 @@
+"""Load and tokenise whole datasets, applying the ``on_bad_row`` policy in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from rl_algorithms.data.config import (
+    ChatDataConfig,
+    DataFileConfig,
+    PreferenceDataConfig,
+    PromptDataConfig,
+    TextDataConfig,
+)
+from rl_algorithms.data.errors import BadRow, DataError, bad_row_error
+from rl_algorithms.data.reading import read_records
+from rl_algorithms.data.rows import parse_chat_row, parse_preference_row, parse_prompt, parse_text_row
+from rl_algorithms.data.tokenize import TokenizedSample, prompt_token_ids, tokenize_sample
+
+T = TypeVar("T")
+MAX_REASONS_KEPT = 20
+
+
+@dataclass
+class LoadReport:
+    """What happened while loading one file."""
+
+    path: str
+    num_rows: int = 0
+    """Rows read (blank JSONL lines are not rows)."""
+    num_skipped: int = 0
+    """Bad rows dropped under ``on_bad_row: skip``."""
+    skipped_reasons: list[str] = field(default_factory=list)
+    """``file, line N: reason`` of the first skipped rows (at most 20)."""
+
+    @property
+    def num_kept(self) -> int:
+        return self.num_rows - self.num_skipped
+
+
+@dataclass
+class Loaded(Generic[T]):
+    """The usable items of a file, in file order, and the load report."""
+
+    items: list[T]
+    report: LoadReport
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def load_rows(path: str, cfg: DataFileConfig, convert: Callable[[dict[str, Any]], T]) -> Loaded[T]:
+    """Read ``path`` and ``convert`` each record; bad rows raise :class:`DataError` or are skipped."""
+    report = LoadReport(path=str(path))
+    items: list[T] = []
+    for location, record in read_records(path, cfg.format):
+        report.num_rows += 1
+        try:
+            if isinstance(record, BadRow):
+                raise record
+            items.append(convert(record))
+        except BadRow as bad:
+            if cfg.on_bad_row == "error":
+                raise bad_row_error(location, str(bad)) from None
+            report.num_skipped += 1
+            if len(report.skipped_reasons) < MAX_REASONS_KEPT:
+                report.skipped_reasons.append(f"{location}: {bad}")
+    if not items:
+        raise DataError(f"{path}: no usable rows ({report.num_rows} read, {report.num_skipped} skipped as bad)")
+    return Loaded(items, report)
+
+
+def load_chat_dataset(path: str, cfg: ChatDataConfig, tokenizer) -> Loaded[TokenizedSample]:
+    """SFT samples: chats or prompt/response rows, loss on assistant tokens."""
+    return load_rows(path, cfg, lambda record: tokenize_sample(tokenizer, parse_chat_row(record, cfg), cfg.max_length))
+
+
+def load_preference_dataset(path: str, cfg: PreferenceDataConfig,
+                            tokenizer) -> Loaded[tuple[TokenizedSample, TokenizedSample]]:
+    """``(chosen, rejected)`` tokenised pairs; a pair is bad if either side is."""
+
+    def convert(record: dict[str, Any]) -> tuple[TokenizedSample, TokenizedSample]:
+        chosen, rejected = parse_preference_row(record, cfg)
+        return tokenize_sample(tokenizer, chosen, cfg.max_length), tokenize_sample(tokenizer, rejected, cfg.max_length)
+
+    return load_rows(path, cfg, convert)
+
+
+def load_prompt_dataset(path: str, cfg: PromptDataConfig, tokenizer) -> Loaded[list[int]]:
+    """Prompt token ids (chat template with the generation prompt), for on-policy generation."""
+
+    def convert(record: dict[str, Any]) -> list[int]:
+        ids = prompt_token_ids(tokenizer, parse_prompt(record, cfg.prompt_key, cfg.system_prompt))
+        if len(ids) > cfg.max_length:
+            raise BadRow(f"{len(ids)} prompt tokens, longer than data.max_length={cfg.max_length}")
+        return ids
+
+    return load_rows(path, cfg, convert)
+
+
+def load_text_dataset(path: str, cfg: TextDataConfig, tokenizers: list = ()) -> Loaded[str]:
+    """Plain texts; a text longer than ``max_length`` tokens under any of ``tokenizers`` is a bad row."""
+
+    def convert(record: dict[str, Any]) -> str:
+        text = parse_text_row(record, cfg)
+        for tokenizer in tokenizers:
+            n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            if n > cfg.max_length:
+                raise BadRow(f"{n} tokens, longer than data.max_length={cfg.max_length}")
+        return text
+
+    return load_rows(path, cfg, convert)

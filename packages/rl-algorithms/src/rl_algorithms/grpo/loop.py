@@ -1,0 +1,217 @@
+"""The GRPO training loop.
+
+One step: prompts -> ``num_generations_per_prompt`` samples each, graded by the environments ->
+previous (and reference) logprobs from the policy -> rewards and advantages -> one or more optimizer
+steps -> refit the generation backend -> metrics, validation, checkpoint.
+
+Simplifications, stated: the driver holds the whole step's batch; validation is a callback
+(``validate_fn``) so that the loop does not know how a task is scored; with placement
+``colocated`` the generation backend sleeps from the end of generation to the refit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import torch
+
+from rl_algorithms.checkpointing import CheckpointManager
+from rl_algorithms.grpo.config import GRPOConfig, LossConfig
+from rl_algorithms.grpo.data import PromptStream
+from rl_algorithms.grpo.rewards import compute_rewards_and_advantages
+from rl_algorithms.grpo.rollouts import generate_rollouts
+from rl_algorithms.losses import loss_token_mask, mismatch_metrics
+from rl_core.batch import Batch, batch_size, select
+from rl_core.protocols import Environment, GenerationBackend, LossFn, TrainingBackend
+from rl_core.types import PromptSample
+
+log = logging.getLogger(__name__)
+
+Metrics = dict[str, float]
+
+
+class MetricsSink(Protocol):
+    """Where step metrics go (rl_core.logging.MetricsLogger implements this)."""
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+
+def grpo_train(
+    cfg: GRPOConfig,
+    loss_cfg: LossConfig,
+    policy: TrainingBackend,
+    generation: GenerationBackend,
+    tokenizer: Any,
+    train_data: Sequence[PromptSample],
+    environments: Mapping[str, Environment],
+    *,
+    logger: MetricsSink | None = None,
+    checkpointer: CheckpointManager | None = None,
+    validate_fn: Callable[[int], Metrics] | None = None,
+    seed: int = 0,
+) -> list[Metrics]:
+    """Train ``policy`` with GRPO for ``cfg.max_steps`` steps; returns the metrics of every step
+    (index 0 holds the validation before training when there is one)."""
+    loss_fn = loss_cfg.build()
+    prompts = PromptStream(train_data, seed)
+    start_step, history = maybe_resume(checkpointer, policy, generation, prompts)
+    if start_step == 0 and validate_fn is not None and cfg.val_every > 0 and cfg.val_at_start:
+        history.append(record(logger, {"step": 0.0, **validate_fn(0)}, 0))
+
+    for step in range(start_step, cfg.max_steps):
+        metrics = grpo_step(cfg, loss_cfg, loss_fn, policy, generation, tokenizer, prompts, environments, step=step, seed=seed)
+        done = step + 1
+        last = done == cfg.max_steps
+        if validate_fn is not None and cfg.val_every > 0 and (done % cfg.val_every == 0 or last):
+            with timed(metrics, "validate"):
+                metrics.update(validate_fn(done))
+        metrics["step"] = float(done)
+        metrics["epoch"] = float(prompts.epoch)
+        history.append(record(logger, metrics, done))
+        if checkpointer is not None and checkpointer.should_save(done, last):
+            with timed(metrics, "checkpoint"):
+                checkpointer.save(done, policy, {"data": prompts.state_dict(), "history": history, "metrics": latest_metrics(history)})
+    return history
+
+
+def grpo_step(
+    cfg: GRPOConfig,
+    loss_cfg: LossConfig,
+    loss_fn: LossFn,
+    policy: TrainingBackend,
+    generation: GenerationBackend,
+    tokenizer: Any,
+    prompts: PromptStream,
+    environments: Mapping[str, Environment],
+    *,
+    step: int,
+    seed: int,
+) -> Metrics:
+    """One GRPO step (0-based ``step``); returns its metrics."""
+    from rl_algorithms.rollout import episodes_to_batch
+
+    metrics: Metrics = {}
+    start = time.perf_counter()
+    with timed(metrics, "generate"):
+        episodes, rollout_metrics = generate_rollouts(cfg, generation, tokenizer, prompts, environments, step=step, seed=seed)
+    metrics.update(rollout_metrics)
+    metrics["throughput/generated_tokens_per_s"] = metrics["generated_tokens"] / max(metrics["time/generate"], 1e-9)
+    if cfg.placement == "colocated":
+        generation.sleep()
+
+    if episodes:
+        batch = episodes_to_batch(episodes, tokenizer.pad_token_id)
+        with timed(metrics, "logprobs"):
+            compute_prev_and_ref_logprobs(policy, batch, cfg.temperature, need_reference=loss_cfg.needs_reference)
+        metrics.update({f"mismatch/{k}": v for k, v in
+                        mismatch_metrics(batch["prev_logprobs"], batch["gen_logprobs"], loss_token_mask(batch)).items()})
+        with timed(metrics, "advantages"):
+            metrics.update(compute_rewards_and_advantages(episodes, batch, cfg, loss_cfg))
+        if has_learning_signal(batch, loss_cfg) or not cfg.skip_steps_without_signal:
+            with timed(metrics, "train"):
+                metrics.update(train_on_batch(policy, batch, loss_fn, cfg, step=step, seed=seed))
+            metrics["throughput/train_tokens_per_s"] = float(batch["attention_mask"].sum()) / max(metrics["time/train"], 1e-9)
+            metrics["train/skipped"] = 0.0
+        else:
+            metrics["train/skipped"] = 1.0
+    else:
+        metrics["train/skipped"] = 1.0
+
+    if cfg.placement == "colocated":
+        generation.wake()
+    if metrics["train/skipped"] == 0.0:
+        with timed(metrics, "refit"):
+            refit(policy, generation)
+    metrics["time/step"] = time.perf_counter() - start
+    return metrics
+
+
+def compute_prev_and_ref_logprobs(policy: TrainingBackend, batch: Batch, temperature: float, *, need_reference: bool) -> None:
+    """Add ``prev_logprobs`` (the policy before this step's updates) and, for a KL term,
+    ``ref_logprobs`` to ``batch``."""
+    batch["prev_logprobs"] = policy.logprobs(batch, temperature=temperature).float()
+    if need_reference:
+        batch["ref_logprobs"] = policy.reference_logprobs(batch, temperature=temperature).float()
+
+
+def has_learning_signal(batch: Batch, loss_cfg: LossConfig) -> bool:
+    """False when no valid token has a non-zero advantage and no other loss term is on."""
+    if loss_cfg.kl_coef > 0 and not loss_cfg.kl_in_reward or loss_cfg.positive_nll_coef > 0:
+        return True
+    mask = loss_token_mask(batch)
+    advantages = batch["advantages"]
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1).expand_as(mask)
+    return bool(((advantages != 0) & (mask > 0)).any())
+
+
+def train_on_batch(policy: TrainingBackend, batch: Batch, loss_fn: LossFn, cfg: GRPOConfig, *, step: int, seed: int) -> Metrics:
+    """``num_epochs`` passes of ``num_minibatches`` optimizer steps each; returns the mean metrics."""
+    n = batch_size(batch)
+    per = math.ceil(n / cfg.num_minibatches)
+    totals: dict[str, float] = defaultdict(float)
+    calls = 0
+    for epoch in range(cfg.num_epochs):
+        if cfg.num_minibatches > 1:  # reshuffle rows between passes, deterministically
+            generator = torch.Generator().manual_seed(seed * 7919 + step * 1009 + epoch)
+            order = torch.randperm(n, generator=generator)
+        else:
+            order = torch.arange(n)
+        for i in range(0, n, per):
+            for key, value in policy.train(select(batch, order[i:i + per]), loss_fn, temperature=cfg.temperature).items():
+                totals[key] += float(value)
+            calls += 1
+    return {f"train/{key}": value / calls for key, value in totals.items()}
+
+
+def refit(policy: TrainingBackend, generation: GenerationBackend) -> None:
+    """Move the policy's current weights into the generation backend."""
+    generation.update_weights(policy.named_weights())
+
+
+def maybe_resume(
+    checkpointer: CheckpointManager | None, policy: TrainingBackend, generation: GenerationBackend, prompts: PromptStream
+) -> tuple[int, list[Metrics]]:
+    """``(first step to run, metrics history)``: from the latest checkpoint when resuming, else fresh."""
+    if checkpointer is None or not checkpointer.cfg.resume:
+        return 0, []
+    latest = checkpointer.latest()
+    if latest is None:
+        log.info("checkpointing.resume is set but %s holds no checkpoint: starting fresh", checkpointer.dir)
+        return 0, []
+    state = checkpointer.load(latest, policy)
+    prompts.load_state_dict(state["data"])
+    refit(policy, generation)
+    log.info("resumed from %s (step %d)", latest, state["step"])
+    return int(state["step"]), list(state["history"])
+
+
+def record(logger: MetricsSink | None, metrics: Metrics, step: int) -> Metrics:
+    if logger is not None:
+        logger.log(metrics, step)
+    return metrics
+
+
+def latest_metrics(history: list[Metrics]) -> Metrics:
+    """The last step's metrics, with the most recent value of each validation metric filled in."""
+    out: Metrics = {}
+    for metrics in history:
+        out.update({k: v for k, v in metrics.items() if k.startswith("val/")})
+    out.update(history[-1])
+    return out
+
+
+@contextmanager
+def timed(metrics: Metrics, phase: str):
+    """Add the wall time of the block to ``metrics['time/<phase>']``."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        metrics[f"time/{phase}"] = metrics.get(f"time/{phase}", 0.0) + time.perf_counter() - start

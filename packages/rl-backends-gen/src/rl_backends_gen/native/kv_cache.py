@@ -1,0 +1,118 @@
+"""A KV cache allocated once, and the attention function that reads and writes it.
+
+Layout: per layer, keys and values of shape ``[max_rows, kv_heads, max_seq_len, head_dim]``. The
+active rows of the batch always occupy slots ``0 .. R-1`` (finished rows are replaced by the last
+active row), so a decode step attends over the plain view ``[:R, :, :L]``: no gather, no copy.
+
+The attention function is registered with transformers as ``"rl_native"``; the engine passes a step
+object (``rl_step=...``) through the model's ``forward`` kwargs down to every attention layer.
+Because no mask function is registered for ``"rl_native"``, transformers builds no mask at all:
+the step object owns masking.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ATTENTION_NAME = "rl_native"
+
+
+class KVCache:
+    """Preallocated per-layer key/value buffers."""
+
+    def __init__(self, num_layers: int, max_rows: int, max_seq_len: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.shape = (max_rows, num_kv_heads, max_seq_len, head_dim)
+        self.num_layers, self.dtype, self.device = num_layers, dtype, device
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.allocate()
+
+    @property
+    def max_rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.shape[2]
+
+    @property
+    def allocated(self) -> bool:
+        return bool(self.keys)
+
+    def allocate(self) -> None:
+        # torch.empty: on CPU the pages are only committed when a row is actually written.
+        self.keys = [torch.empty(self.shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        self.values = [torch.empty(self.shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+
+    def free(self) -> None:
+        self.keys, self.values = [], []
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    def move_rows(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
+        """Copy rows ``src`` to rows ``dst`` (positions ``:length``) in every layer."""
+        for buffer in self.keys + self.values:
+            buffer[dst, :, :length] = buffer[src, :, :length]
+
+
+class PrefillStep:
+    """Causal attention over right-padded prompts; writes their keys/values into cache rows.
+
+    ``row_of_slot`` [A]: for every destination slot, which prefill row it copies (samples of one
+    prompt share that prompt's prefill). ``slots`` [A]: the destination slots.
+    """
+
+    def __init__(self, cache: KVCache, slots: torch.Tensor, row_of_slot: torch.Tensor):
+        self.cache, self.slots, self.row_of_slot = cache, slots, row_of_slot
+
+    def attend(self, layer: int, query, key, value, scaling: float) -> torch.Tensor:
+        length = key.shape[2]
+        self.cache.keys[layer][self.slots, :, :length] = key[self.row_of_slot]
+        self.cache.values[layer][self.slots, :, :length] = value[self.row_of_slot]
+        # Right padding: a real token never sees a pad (pads come after it), so plain causal is exact.
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                             enable_gqa=query.shape[1] != key.shape[1])
+        return out.transpose(1, 2).contiguous()  # [P, L, H, D]
+
+
+class DecodeStep:
+    """One new token for each of the active rows ``0 .. R-1``, at per-row ``positions`` [R]."""
+
+    def __init__(self, cache: KVCache, positions: torch.Tensor):
+        self.cache = cache
+        self.positions = positions
+        self.rows = torch.arange(positions.shape[0], device=positions.device)
+        self.length = int(positions.max()) + 1
+        # [R, 1, 1, L] True where the key position is already written for that row.
+        keep = torch.arange(self.length, device=positions.device)[None, :] <= positions[:, None]
+        self.mask = keep[:, None, None, :]
+
+    def attend(self, layer: int, query, key, value, scaling: float) -> torch.Tensor:
+        num_rows = self.rows.shape[0]
+        keys, values = self.cache.keys[layer], self.cache.values[layer]
+        keys[self.rows, :, self.positions] = key[:, :, 0]  # [R, kv_heads, D]
+        values[self.rows, :, self.positions] = value[:, :, 0]
+        out = F.scaled_dot_product_attention(
+            query, keys[:num_rows, :, : self.length], values[:num_rows, :, : self.length],
+            attn_mask=self.mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
+        )
+        return out.transpose(1, 2).contiguous()  # [R, 1, H, D]
+
+
+def native_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, rl_step=None, **kwargs):
+    """transformers attention interface: ``query`` [B, H, q, D], ``key``/``value`` [B, kv_heads, q, D]."""
+    if rl_step is None:
+        raise RuntimeError(
+            "this model instance belongs to a NativeEngine (its attention reads the engine's KV cache); "
+            "load a separate model for plain forward passes"
+        )
+    return rl_step.attend(module.layer_idx, query, key, value, scaling), None
+
+
+def register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, native_attention)

@@ -1,0 +1,122 @@
+"""The training backend's config: one strict section, ``policy.training`` in recipes."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rl_core.config import StrictModel
+
+
+class LoRAConfig(StrictModel):
+    """Low-rank adapters on chosen linear layers; the base weights stay frozen."""
+
+    rank: int = Field(8, gt=0)
+    """Rank r of the update B @ A (A: [r, in], B: [out, r])."""
+    alpha: float = Field(16.0, gt=0)
+    """The update is scaled by alpha / rank."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input during training."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Names (last path component) of the nn.Linear modules that get adapters."""
+
+
+class PackingConfig(StrictModel):
+    """Sequence packing: sequences placed end to end in rows of a token budget (first-fit-decreasing)."""
+
+    enabled: bool = False
+    max_tokens_per_micro_batch: int = Field(4096, gt=0)
+    """Token budget of one packed row (one micro-batch). A longer sequence gets a row of its own."""
+
+
+class DynamicBatchingConfig(StrictModel):
+    """Length-sorted micro-batches whose padded size (rows x longest) stays within a token budget."""
+
+    enabled: bool = False
+    max_tokens_per_micro_batch: int = Field(4096, gt=0)
+    """Budget on rows x longest sequence of a micro-batch."""
+
+
+class OptimizerConfig(StrictModel):
+    """AdamW, or Muon for 2-D hidden weights with AdamW for the rest."""
+
+    name: Literal["adamw", "muon"] = "adamw"
+    lr: float = Field(1e-5, ge=0.0)
+    """Peak learning rate of AdamW (and of every parameter when ``name`` is adamw)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    muon_lr: float | None = Field(None, ge=0.0)
+    """Peak learning rate of the Muon group (None: 0.02)."""
+    muon_momentum: float = Field(0.95, ge=0.0, lt=1.0)
+    """Muon's momentum coefficient."""
+
+
+class SchedulerConfig(StrictModel):
+    """Linear warmup from lr / warmup_steps to lr, then constant or cosine decay."""
+
+    kind: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    total_steps: int = Field(1000, gt=0)
+    """Steps until the cosine reaches ``min_lr_ratio`` (held there afterwards)."""
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """Final learning rate of the cosine, as a fraction of the peak."""
+
+
+class TrainBackendConfig(StrictModel):
+    """How the policy (or reward model) is sharded, batched and optimised."""
+
+    backend: Literal["dtensor", "megatron"] = "dtensor"
+    """dtensor: PyTorch FSDP2 + tensor parallel (torch only). megatron: megatron-core (extra)."""
+    num_workers: int = Field(1, gt=0)
+    """Ranks in the worker group: data parallel size x tensor_parallel_size."""
+    tensor_parallel_size: int = Field(1, gt=0)
+    """Ranks that split each layer's weights (Llama/Qwen2 plans). Must divide num_workers."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype on CPU; on GPU the compute dtype (parameters kept fp32, reductions fp32)."""
+    task: Literal["causal_lm", "reward_model"] = "causal_lm"
+    """causal_lm: AutoModelForCausalLM. reward_model: AutoModelForSequenceClassification, 1 label."""
+    micro_batch_size: int = Field(4, gt=0)
+    """Samples per forward/backward when neither packing nor dynamic batching is on."""
+    packing: PackingConfig = Field(default_factory=PackingConfig)
+    dynamic_batching: DynamicBatchingConfig = Field(default_factory=DynamicBatchingConfig)
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward (less memory, ~1/3 more compute)."""
+    cpu_offload: bool = False
+    """GPU only: keep sharded parameters, gradients and optimizer state in CPU memory (FSDP2)."""
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    max_grad_norm: float | None = Field(1.0, gt=0.0)
+    """Clip the global gradient norm to this value (None: no clipping; the norm is still reported)."""
+    lora: LoRAConfig | None = None
+    """Train low-rank adapters only (None: full fine-tuning)."""
+    reference_model: bool = True
+    """Keep a frozen reference (the initial weights; with LoRA the base weights, no copy).
+    Algorithms set this False when their KL coefficient is 0."""
+    cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float = Field(0.0, ge=0)
+    use_ray: bool = True
+    """False: one worker in this process (world size 1), for tests and tiny runs."""
+    weights_bucket_bytes: int = Field(256 * 2**20, gt=0)
+    """named_weights() moves tensors from the workers in buckets of about this many bytes."""
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> TrainBackendConfig:
+        if self.num_workers % self.tensor_parallel_size:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} must divide num_workers={self.num_workers}"
+            )
+        if self.packing.enabled and self.dynamic_batching.enabled:
+            raise ValueError("packing and dynamic_batching are alternatives: enable at most one")
+        if self.lora is not None and self.tensor_parallel_size > 1:
+            raise ValueError("lora with tensor_parallel_size > 1 is not supported: set tensor_parallel_size=1")
+        if not self.use_ray and self.num_workers > 1:
+            raise ValueError(f"use_ray=False runs one in-process worker; got num_workers={self.num_workers}")
+        return self
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.num_workers // self.tensor_parallel_size

@@ -1,0 +1,117 @@
+"""Build one rank's shard of an HF model: load, then LoRA -> tensor parallel -> activation
+checkpointing -> FSDP2, in that order (each step needs the previous one's module structure:
+TP plans address plain Linear names, checkpointing wraps whole decoder layers whose parameters
+are final, and FSDP2 shards whatever DTensors/tensors the earlier steps left)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from rl_backends_train.config import TrainBackendConfig
+from rl_backends_train.lora import apply_lora
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_TP_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def build_mesh(cfg: TrainBackendConfig, device_type: str) -> DeviceMesh:
+    """A 2-D ("dp", "tp") mesh over all ranks; tp varies fastest (neighbouring ranks share a layer)."""
+    return init_device_mesh(device_type, (cfg.data_parallel_size, cfg.tensor_parallel_size), mesh_dim_names=("dp", "tp"))
+
+
+def load_hf_model(model_path: str, cfg: TrainBackendConfig, on_gpu: bool) -> nn.Module:
+    """The full HF model on CPU. On GPU parameters stay fp32 (FSDP casts for compute)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    dtype = torch.float32 if on_gpu else _DTYPES[cfg.dtype]
+    if cfg.task == "reward_model":
+        config = AutoConfig.from_pretrained(model_path, num_labels=1)
+        if config.pad_token_id is None:
+            # HF pools the score at the last non-pad token and needs a pad id to find it.
+            config.pad_token_id = config.eos_token_id if isinstance(config.eos_token_id, int) else 0
+        model = AutoModelForSequenceClassification.from_pretrained(model_path, config=config, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    return model
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    layers = getattr(base, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ValueError(f"{type(model).__name__}: expected decoder layers at .model.layers")
+    return layers
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Megatron-style plan per decoder layer: q/k/v and gate/up column-wise, o/down row-wise
+    (one all-reduce after attention and one after the MLP). lm_head column-wise with replicated
+    (gathered) logits unless tied to the embeddings. Embeddings and norms stay replicated."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    config = model.config
+    tp = tp_mesh.size()
+    if config.model_type not in _TP_FAMILIES:
+        raise ValueError(f"tensor parallel has plans for {_TP_FAMILIES}, not {config.model_type!r}")
+    kv_heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
+    if config.num_attention_heads % tp or kv_heads % tp:
+        raise ValueError(
+            f"tensor_parallel_size={tp} must divide num_attention_heads={config.num_attention_heads} "
+            f"and num_key_value_heads={kv_heads}"
+        )
+    layer_plan = {
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(),
+    }
+    for layer in decoder_layers(model):
+        parallelize_module(layer, tp_mesh, layer_plan)
+    if hasattr(model, "lm_head") and not config.tie_word_embeddings:
+        parallelize_module(model, tp_mesh, {"lm_head": ColwiseParallel(output_layouts=Replicate())})
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, cfg: TrainBackendConfig, on_gpu: bool) -> None:
+    """FSDP2 over "dp": each decoder layer its own unit (all-gathered just in time), then the root
+    (embeddings, final norm, head). On GPU: bf16 compute with fp32 reductions, optional CPU offload."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    kwargs: dict = {"mesh": dp_mesh}
+    if on_gpu:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=_DTYPES[cfg.dtype], reduce_dtype=torch.float32)
+        kwargs["offload_policy"] = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    # Losses are already divided by GLOBAL counts: gradients must be summed over ranks, not averaged.
+    for module in model.modules():
+        if hasattr(module, "set_gradient_divide_factor"):
+            module.set_gradient_divide_factor(1.0)
+
+
+def build_parallel_model(model_path: str, cfg: TrainBackendConfig, mesh: DeviceMesh, *, on_gpu: bool,
+                         trainable: bool = True) -> nn.Module:
+    """Load the HF model and parallelise it in the one order this backend uses."""
+    model = load_hf_model(model_path, cfg, on_gpu)
+    # 1. LoRA: swap targeted Linears for LoRALinear while the module tree is plain.
+    if trainable and cfg.lora is not None:
+        apply_lora(model, cfg.lora)
+    if not trainable:
+        model.requires_grad_(False)
+    if on_gpu and not cfg.cpu_offload:
+        model.to(torch.device("cuda", torch.cuda.current_device()))
+    # 2. Tensor parallel over "tp" (plain Linear weights become Shard(0)/Shard(1) DTensors).
+    if cfg.tensor_parallel_size > 1:
+        apply_tensor_parallel(model, mesh["tp"])
+    # 3. Activation checkpointing per decoder layer (HF's non-reentrant checkpointing keeps FQNs).
+    if trainable and cfg.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # 4. FSDP2 over "dp".
+    apply_fsdp(model, mesh["dp"], cfg, on_gpu)
+    return model

@@ -1,0 +1,133 @@
+"""Guess what kind of checkpoint a path holds, and open it as a tensor source under HF names."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rl_checkpoint.dcp_io import DCPReader, is_dcp_dir
+from rl_checkpoint.errors import CheckpointError
+from rl_checkpoint.sources import (
+    CastSource, DCPModelSource, LoraMergedSource, MegatronSource, SafetensorsSource, TensorSource,
+    lora_pairs, read_json,
+)
+
+FORMATS = ("hf", "rl-dcp", "dcp", "megatron", "gguf", "peft")
+_MEGATRON_MARKERS = ("embedding.word_embeddings.weight", "decoder.", "output_layer.weight")
+
+
+@dataclass
+class Opened:
+    """A checkpoint opened for reading: its tensors under HF names and where its config lives."""
+
+    format: str
+    source: TensorSource
+    config_dir: Path | None
+    """Directory holding config.json / tokenizer files to copy, when known."""
+
+
+def resolve_megatron_dir(path: Path) -> Path:
+    """A Megatron save root (``latest_checkpointed_iteration.txt``) -> its latest ``iter_*`` directory."""
+    tracker = path / "latest_checkpointed_iteration.txt"
+    if tracker.is_file() and not is_dcp_dir(path):
+        it = tracker.read_text().strip()
+        candidate = path / ("release" if it == "release" else f"iter_{int(it):07d}")
+        if not candidate.is_dir():
+            raise CheckpointError(f"{tracker} points to {candidate.name}, which does not exist")
+        return candidate
+    return path
+
+
+def _is_megatron_keys(keys) -> bool:
+    from rl_checkpoint.megatron_mapping import strip_prefixes
+
+    return any(strip_prefixes(k).startswith(_MEGATRON_MARKERS) for k in keys)
+
+
+def detect_format(path: str | Path) -> str:
+    """One of FORMATS, or a CheckpointError saying what was found."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file or directory")
+    if path.is_file():
+        if path.suffix == ".gguf":
+            return "gguf"
+        if path.suffix == ".safetensors":
+            return "hf"
+        raise CheckpointError(f"{path}: unknown checkpoint file type (expected .gguf or .safetensors)")
+    if (path / "meta.json").is_file() and (path / "dcp").is_dir():
+        return "rl-dcp"
+    path = resolve_megatron_dir(path)
+    if is_dcp_dir(path):
+        return "megatron" if _is_megatron_keys(DCPReader(path).infos) else "dcp"
+    if (path / "adapter_config.json").is_file():
+        return "peft"
+    if any(path.glob("*.safetensors")):
+        return "hf"
+    if any(path.glob("*.bin")) or any(path.glob("*.pt")):
+        raise CheckpointError(f"{path}: holds only pickle weights (*.bin/*.pt), which this tool never loads; "
+                              "re-save the model with safetensors (save_pretrained(safe_serialization=True))")
+    raise CheckpointError(f"{path}: unknown checkpoint format (no safetensors, DCP .metadata, meta.json or GGUF); "
+                          f"pass one of: {', '.join(FORMATS)}")
+
+
+def lora_scale(meta: dict, config_dir: Path | None, alpha: float | None, rank: int | None) -> float | None:
+    """alpha / rank (alpha / sqrt(rank) with rsLoRA) from flags, meta.json["lora"] or adapter_config.json."""
+    info = dict(meta.get("lora") or {})
+    if config_dir is not None and (config_dir / "adapter_config.json").is_file():
+        info = json.loads((config_dir / "adapter_config.json").read_text()) | info
+    alpha = alpha if alpha is not None else info.get("alpha", info.get("lora_alpha"))
+    rank = rank if rank is not None else info.get("rank", info.get("r"))
+    if alpha is None or rank is None:
+        return None
+    return float(alpha) / (float(rank) ** 0.5 if info.get("use_rslora") else float(rank))
+
+
+def open_checkpoint(path: str | Path, *, fmt: str | None = None, config_dir: str | Path | None = None,
+                    dtype: torch.dtype | None = None, lora_alpha: float | None = None,
+                    lora_rank: int | None = None) -> Opened:
+    """Open any supported checkpoint as HF-named tensors (LoRA adapters of a training checkpoint merged)."""
+    path = Path(path)
+    fmt = fmt or detect_format(path)
+    config = Path(config_dir) if config_dir else None
+    meta: dict = {}
+    if fmt == "rl-dcp":
+        meta = read_json(path / "meta.json", "meta.json of the training checkpoint")
+        if meta.get("format") not in ("rl-dcp", "rl-megatron"):
+            raise CheckpointError(f"{path / 'meta.json'}: format is {meta.get('format')!r}, expected 'rl-dcp'")
+        config = config or (path / "hf_config")
+        dcp_path = path / "dcp"
+        fmt = "megatron" if _is_megatron_keys(DCPReader(dcp_path).infos) else "rl-dcp"
+    else:
+        dcp_path = resolve_megatron_dir(path)
+    if fmt == "gguf":
+        from rl_checkpoint.gguf_io import GGUFSource
+
+        return Opened("gguf", GGUFSource(path, dtype or torch.float32), None)
+    if fmt == "hf":
+        source: TensorSource = SafetensorsSource(path)
+        config = config or (path if path.is_dir() else path.parent)
+    elif fmt == "peft":
+        source = SafetensorsSource(path / "adapter_model.safetensors")
+        config = config or path
+    elif fmt == "megatron":
+        if config is None or not (config / "config.json").is_file():
+            raise CheckpointError(f"{path}: a Megatron checkpoint needs the HF config of its model; "
+                                  "pass --config-dir DIR (a directory with config.json and tokenizer files)")
+        source = MegatronSource(dcp_path, read_json(config / "config.json", "HF config"))
+    elif fmt in ("dcp", "rl-dcp"):
+        source = DCPModelSource(dcp_path)
+        if lora_pairs(list(source.infos)):
+            scale = lora_scale(meta, config, lora_alpha, lora_rank)
+            if scale is None:
+                raise CheckpointError(f"{path}: holds LoRA adapters but no LoRA alpha/rank (meta.json 'lora' or "
+                                      "adapter_config.json); pass --lora-alpha and --lora-rank")
+            source = LoraMergedSource(source, source, scale)
+    else:
+        raise CheckpointError(f"{path}: unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if dtype is not None:
+        source = CastSource(source, dtype)
+    return Opened(fmt, source, config)

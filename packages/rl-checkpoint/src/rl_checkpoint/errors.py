@@ -1,0 +1,7 @@
+"""The one error type the converter raises for bad input; the CLI prints it on one line and exits 2."""
+
+from __future__ import annotations
+
+
+class CheckpointError(Exception):
+    """A user-facing problem with a checkpoint: the message says what, where and what to do."""

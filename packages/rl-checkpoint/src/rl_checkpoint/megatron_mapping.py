@@ -1,0 +1,192 @@
+"""HF <-> Megatron-core GPTModel parameter names and layouts for the Llama and Qwen2 families.
+
+Megatron fuses what HF keeps apart:
+
+* ``self_attention.linear_qkv.weight`` ``[G * (H/G + 2) * D, hidden]`` interleaves per query group
+  ``g``: the ``H/G`` query heads of the group, then key head ``g``, then value head ``g`` (``G`` =
+  num_key_value_heads, ``H`` = num_attention_heads, ``D`` = head_dim). Qwen2's q/k/v biases are
+  fused the same way into ``linear_qkv.bias``.
+* ``mlp.linear_fc1.weight`` ``[2 * intermediate, hidden]`` is ``cat([gate_proj, up_proj])``.
+* The norm before attention / MLP is ``linear_qkv.layer_norm_weight`` / ``linear_fc1.layer_norm_weight``
+  with Transformer Engine's fused spec ("te") and ``input_layernorm.weight`` /
+  ``pre_mlp_layernorm.weight`` with the local spec ("local"). Both are read; ``layer_spec`` picks
+  which one is written.
+
+Distributed checkpoints of megatron-core stack the layers: ``decoder.layers.<name>`` with a leading
+``[num_layers]`` axis. ``megatron_to_hf`` accepts both the stacked and the per-layer
+(``decoder.layers.{i}.<name>``) spelling, ``model.`` / ``module.`` prefixes, and the
+``linear_fc1.weight_w`` / ``weight_v`` split some checkpoints use. ``_extra_state`` entries are ignored.
+All operations are views, cats and index copies: a round trip is bit-exact, and they run on
+``meta`` tensors to compute output shapes without data.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+import torch
+
+from rl_checkpoint.errors import CheckpointError
+
+LayerSpec = Literal["local", "te"]
+
+_NORM_NAMES = {
+    "te": ("self_attention.linear_qkv.layer_norm_weight", "mlp.linear_fc1.layer_norm_weight"),
+    "local": ("input_layernorm.weight", "pre_mlp_layernorm.weight"),
+}
+_DIRECT = {  # per-layer megatron suffix -> HF suffix (no layout change)
+    "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+    "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "input_layernorm.weight": "input_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "post_attention_layernorm.weight",
+    "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+    "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
+    "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
+}
+_LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_HF_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+
+def _heads(hf_config: dict) -> tuple[int, int, int]:
+    """(num_attention_heads, num_key_value_heads, head_dim) from an HF config dict."""
+    heads = hf_config["num_attention_heads"]
+    kv_heads = hf_config.get("num_key_value_heads") or heads
+    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
+    return heads, kv_heads, head_dim
+
+
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hf_config: dict) -> torch.Tensor:
+    """HF q/k/v ([H*D, ...], [G*D, ...], [G*D, ...]) -> Megatron's per-group interleaved linear_qkv."""
+    heads, groups, head_dim = _heads(hf_config)
+    rest = q.shape[1:]
+    q = q.reshape(groups, heads // groups * head_dim, *rest)
+    k = k.reshape(groups, head_dim, *rest)
+    v = v.reshape(groups, head_dim, *rest)
+    return torch.cat([q, k, v], dim=1).reshape(-1, *rest)
+
+
+def split_qkv(qkv: torch.Tensor, hf_config: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of ``fuse_qkv``."""
+    heads, groups, head_dim = _heads(hf_config)
+    per_group = heads // groups * head_dim
+    rest = qkv.shape[1:]
+    expected = groups * (per_group + 2 * head_dim)
+    if qkv.shape[0] != expected:
+        raise CheckpointError(
+            f"linear_qkv has {qkv.shape[0]} rows but the HF config (heads={heads}, kv_heads={groups}, "
+            f"head_dim={head_dim}) needs {expected}; pass the config of the model that was trained"
+        )
+    grouped = qkv.reshape(groups, per_group + 2 * head_dim, *rest)
+    q, k, v = grouped.split([per_group, head_dim, head_dim], dim=1)
+    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+
+
+def hf_to_megatron(state_dict: dict[str, torch.Tensor], hf_config: dict, *,
+                   layer_spec: LayerSpec = "local") -> dict[str, torch.Tensor]:
+    """HF Llama/Qwen2 tensors -> megatron-core GPTModel tensors (per-layer names, no prefix)."""
+    attn_norm, mlp_norm = _NORM_NAMES[layer_spec]
+    tied = bool(hf_config.get("tie_word_embeddings", False))
+    out: dict[str, torch.Tensor] = {}
+    layers: dict[int, dict[str, torch.Tensor]] = {}
+    for name, tensor in state_dict.items():
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        m = _HF_LAYER_RE.match(name)
+        if m:
+            layers.setdefault(int(m.group(1)), {})[m.group(2)] = tensor
+        elif name == "model.embed_tokens.weight":
+            out["embedding.word_embeddings.weight"] = tensor
+        elif name == "model.norm.weight":
+            out["decoder.final_layernorm.weight"] = tensor
+        elif name == "lm_head.weight":
+            if not tied:
+                out["output_layer.weight"] = tensor
+        else:
+            raise CheckpointError(f"HF tensor {name} has no Megatron counterpart (only Llama/Qwen2 are mapped)")
+    for i, t in sorted(layers.items()):
+        p = f"decoder.layers.{i}."
+        attn = "self_attn."
+        out[p + "self_attention.linear_qkv.weight"] = fuse_qkv(
+            t.pop(attn + "q_proj.weight"), t.pop(attn + "k_proj.weight"), t.pop(attn + "v_proj.weight"), hf_config)
+        if attn + "q_proj.bias" in t:
+            out[p + "self_attention.linear_qkv.bias"] = fuse_qkv(
+                t.pop(attn + "q_proj.bias"), t.pop(attn + "k_proj.bias"), t.pop(attn + "v_proj.bias"), hf_config)
+        out[p + "mlp.linear_fc1.weight"] = torch.cat([t.pop("mlp.gate_proj.weight"), t.pop("mlp.up_proj.weight")])
+        out[p + attn_norm] = t.pop("input_layernorm.weight")
+        out[p + mlp_norm] = t.pop("post_attention_layernorm.weight")
+        out[p + "self_attention.linear_proj.weight"] = t.pop("self_attn.o_proj.weight")
+        out[p + "mlp.linear_fc2.weight"] = t.pop("mlp.down_proj.weight")
+        for hf_suffix, mg_suffix in (("self_attn.q_norm.weight", "self_attention.q_layernorm.weight"),
+                                     ("self_attn.k_norm.weight", "self_attention.k_layernorm.weight")):
+            if hf_suffix in t:
+                out[p + mg_suffix] = t.pop(hf_suffix)
+        if t:
+            raise CheckpointError(f"HF tensors of layer {i} have no Megatron counterpart: {sorted(t)}")
+    return out
+
+
+def strip_prefixes(name: str) -> str:
+    """``module.model.decoder...`` -> ``decoder...`` (DDP / Float16Module / NeMo wrappers)."""
+    while True:
+        for prefix in ("module.", "model."):
+            if name.startswith(prefix) and not name.startswith("model.layers."):
+                name = name[len(prefix):]
+                break
+        else:
+            return name
+
+
+def unstack_layers(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``decoder.layers.<name>`` [L, ...] (distributed-checkpoint layout) -> ``decoder.layers.{i}.<name>``."""
+    out = {}
+    for name, tensor in state_dict.items():
+        if name.startswith("decoder.layers.") and not _LAYER_RE.match(name):
+            suffix = name[len("decoder.layers."):]
+            for i in range(tensor.shape[0]):
+                out[f"decoder.layers.{i}.{suffix}"] = tensor[i]
+        else:
+            out[name] = tensor
+    return out
+
+
+def megatron_to_hf(state_dict: dict[str, torch.Tensor], hf_config: dict) -> dict[str, torch.Tensor]:
+    """megatron-core GPTModel tensors (stacked or per-layer, any prefix) -> HF Llama/Qwen2 tensors."""
+    sd = unstack_layers({strip_prefixes(k): v for k, v in state_dict.items() if not k.endswith("_extra_state")})
+    tied = bool(hf_config.get("tie_word_embeddings", False))
+    out: dict[str, torch.Tensor] = {}
+    layers: dict[int, dict[str, torch.Tensor]] = {}
+    for name, tensor in sd.items():
+        m = _LAYER_RE.match(name)
+        if m:
+            layers.setdefault(int(m.group(1)), {})[m.group(2)] = tensor
+        elif name == "embedding.word_embeddings.weight":
+            out["model.embed_tokens.weight"] = tensor
+        elif name == "decoder.final_layernorm.weight":
+            out["model.norm.weight"] = tensor
+        elif name == "output_layer.weight":
+            if not tied:
+                out["lm_head.weight"] = tensor
+        else:
+            raise CheckpointError(f"Megatron tensor {name} has no HF Llama/Qwen2 counterpart")
+    if not tied and "lm_head.weight" not in out and "model.embed_tokens.weight" in out:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]  # shared in Megatron, separate in this HF config
+    for i, t in sorted(layers.items()):
+        p = f"model.layers.{i}."
+        q, k, v = split_qkv(t.pop("self_attention.linear_qkv.weight"), hf_config)
+        out |= {p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k, p + "self_attn.v_proj.weight": v}
+        if "self_attention.linear_qkv.bias" in t:
+            q, k, v = split_qkv(t.pop("self_attention.linear_qkv.bias"), hf_config)
+            out |= {p + "self_attn.q_proj.bias": q, p + "self_attn.k_proj.bias": k, p + "self_attn.v_proj.bias": v}
+        if "mlp.linear_fc1.weight" in t:
+            gate, up = t.pop("mlp.linear_fc1.weight").chunk(2, dim=0)
+        else:
+            gate, up = t.pop("mlp.linear_fc1.weight_w"), t.pop("mlp.linear_fc1.weight_v")
+        out |= {p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up}
+        for mg_suffix in list(t):
+            if mg_suffix in _DIRECT:
+                out[p + _DIRECT[mg_suffix]] = t.pop(mg_suffix)
+        if t:
+            raise CheckpointError(f"Megatron tensors of layer {i} have no HF counterpart: {sorted(t)}")
+    return out

@@ -1,0 +1,81 @@
+"""Arithmetic: procedurally generated ``a op b op c`` problems graded on the final answer.
+
+The problem space is set by ``digits`` (size of each operand), ``num_operands`` and ``operators``;
+usual precedence applies (``*`` before ``+``/``-``). Answers are integers.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Literal
+
+from pydantic import Field
+from rl_core.config import StrictModel
+from rl_core.types import PromptSample, StepResult
+
+from rl_environments.answers import AnswerFormat, extract_answer, extract_boxed, last_assistant_text, numbers_equal
+from rl_environments.calculator import evaluate
+from rl_environments.prompts import BOXED_INSTRUCTION, user_messages
+from rl_environments.splits import Split, generate_split
+
+
+class ArithmeticDatasetConfig(StrictModel):
+    """Settings of the procedural arithmetic dataset."""
+
+    kind: Literal["arithmetic"] = "arithmetic"
+    seed: int = 0
+    """Seed of the problem space: same seed, same problems and same split assignment."""
+    digits: int = Field(2, ge=1, le=9)
+    """Digits per operand (operands are drawn uniformly from 0 .. 10**digits - 1)."""
+    num_operands: int = Field(2, ge=2, le=8)
+    operators: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+", "-"], min_length=1)
+    """Operators to draw from."""
+    train_size: int = Field(10000, ge=0)
+    validation_size: int = Field(200, ge=0)
+    test_size: int = Field(200, ge=0)
+    system_prompt: str | None = None
+    """Optional system message put before each question."""
+
+
+def make_problem(rng: random.Random, cfg: ArithmeticDatasetConfig) -> str:
+    high = 10**cfg.digits - 1
+    parts = [str(rng.randint(0, high))]
+    for _ in range(cfg.num_operands - 1):
+        parts += [rng.choice(cfg.operators), str(rng.randint(0, high))]
+    return " ".join(parts)
+
+
+def arithmetic_split(cfg: ArithmeticDatasetConfig, split: Split, size: int | None = None) -> list[PromptSample]:
+    """The ``split`` of the arithmetic dataset: distinct problems, disjoint from the other splits."""
+    size = getattr(cfg, f"{split}_size") if size is None else size
+    problems = generate_split(lambda rng: make_problem(rng, cfg), str, seed=cfg.seed, split=split, size=size,
+                              name=f"arithmetic-d{cfg.digits}-n{cfg.num_operands}-{''.join(cfg.operators)}")
+    return [_sample(problem, cfg) for problem in problems]
+
+
+def _sample(problem: str, cfg: ArithmeticDatasetConfig) -> PromptSample:
+    answer = evaluate(problem, allow_functions=False)
+    question = f"What is {problem}? {BOXED_INSTRUCTION}"
+    return PromptSample(messages=user_messages(question, cfg.system_prompt),
+                        metadata={"answer": str(int(answer)), "problem": problem}, env="arithmetic")
+
+
+class ArithmeticEnvironment:
+    """Single-turn grader: ``correct`` (final answer equals ``metadata['answer']``) and ``format``
+    (a ``\\boxed{}`` is present). Reward = correct + format_weight * format."""
+
+    def __init__(self, answer_format: AnswerFormat = "boxed", format_weight: float = 0.0):
+        if answer_format not in ("boxed", "last_number", "either"):
+            raise ValueError(f"answer_format must be 'boxed', 'last_number' or 'either', got {answer_format!r}")
+        self.answer_format = answer_format
+        self.format_weight = float(format_weight)
+
+    def step(self, messages, metadata, state) -> StepResult:
+        if "answer" not in metadata:
+            raise KeyError("arithmetic environment needs metadata['answer']")
+        text = last_assistant_text(messages)
+        answer, _ = extract_answer(text, self.answer_format)
+        correct = float(numbers_equal(answer, metadata["answer"]))
+        fmt = float(extract_boxed(text) is not None)
+        return StepResult(reward=correct + self.format_weight * fmt,
+                          reward_components={"correct": correct, "format": fmt}, done=True)

@@ -1,0 +1,72 @@
+"""Config sections for environments and datasets (strict: unknown keys are errors)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+from rl_core.config import StrictModel
+from rl_core.protocols import Environment
+
+from rl_environments.arithmetic import ArithmeticDatasetConfig
+from rl_environments.countdown import CountdownDatasetConfig
+from rl_environments.sliding_puzzle import SlidingPuzzleDatasetConfig
+
+
+class EnvConfig(StrictModel):
+    """One environment, built with ``build_environment(name, **kwargs)``."""
+
+    name: str = "arithmetic"
+    """A registered environment: arithmetic, countdown, math, code, tools, sliding_puzzle, reward_model,
+    reward_function, or one registered by a module in ``import_modules``."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Constructor arguments, e.g. ``{answer_format: either}`` or ``{fn: "my_pkg.rewards:score"}``."""
+    import_modules: list[str] = Field(default_factory=list)
+    """Modules imported first (they may call ``register_environment``)."""
+
+    def build(self) -> Environment:
+        from rl_environments.registry import build_environment
+
+        for module in self.import_modules:
+            importlib.import_module(module)
+        return build_environment(self.name, **self.kwargs)
+
+
+class ToolsDatasetConfig(ArithmeticDatasetConfig):
+    """Arithmetic questions posed with the tool instructions (default: 3-digit products)."""
+
+    kind: Literal["tools"] = "tools"
+    digits: int = Field(3, ge=1, le=9)
+    operators: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["*"], min_length=1)
+
+
+class FileDatasetConfig(StrictModel):
+    """Prompts from JSONL / JSON / parquet files, one file per split."""
+
+    kind: Literal["file"] = "file"
+    train_path: str | None = None
+    validation_path: str | None = None
+    test_path: str | None = None
+    prompt_field: str = "problem"
+    """Field holding the question text (ignored when ``messages_field`` is set)."""
+    messages_field: str | None = None
+    """Field holding a ready chat (list of {role, content}); overrides ``prompt_field``."""
+    answer_field: str | None = "answer"
+    """Field copied to ``metadata['answer']`` (None: no answer)."""
+    metadata_fields: list[str] = Field(default_factory=list)
+    """More fields copied into metadata under their own names."""
+    instruction: str | None = "Put your final answer in \\boxed{}."
+    """Appended to the question text (None: nothing)."""
+    system_prompt: str | None = None
+    env: str | None = None
+    """Environment that grades these prompts (None: the recipe's default)."""
+    limit: int | None = Field(None, gt=0)
+    """Read at most this many rows per split."""
+
+
+DatasetConfig = Annotated[
+    ArithmeticDatasetConfig | CountdownDatasetConfig | SlidingPuzzleDatasetConfig | ToolsDatasetConfig
+    | FileDatasetConfig,
+    Field(discriminator="kind"),
+]

@@ -1,0 +1,59 @@
+"""GRPO configs, presets' switches and the prompt stream (no model needed)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from rl_algorithms.grpo import GRPOConfig, LossConfig, PromptStream
+from rl_algorithms.grpo.rollouts import step_seed
+from rl_algorithms.losses import ClippedPolicyGradientLoss, GSPOLoss
+from rl_core.types import PromptSample
+
+
+def test_loss_config_builds_each_variant():
+    grpo = LossConfig().build()
+    assert type(grpo) is ClippedPolicyGradientLoss and grpo.ratio_level == "token"
+    gspo = LossConfig(kind="gspo", ratio_clip_low=3e-4, ratio_clip_high=4e-4, reduction="sequence").build()
+    assert isinstance(gspo, GSPOLoss) and gspo.ratio_level == "sequence" and gspo.reduction == "sequence"
+    tis = LossConfig(importance_sampling={"truncation": "mask", "weight_min": 0.5}).build()
+    assert tis.importance_sampling.truncation == "mask" and tis.importance_sampling.weight_min == 0.5
+    # KL in the reward: the loss itself carries no KL term and needs no reference in the loss.
+    in_reward = LossConfig(kl_coef=0.1, kl_in_reward=True)
+    assert in_reward.build().kl_coef == 0.0 and in_reward.needs_reference
+
+
+def test_bad_configs_are_rejected():
+    with pytest.raises(ValidationError, match="gdpo_weights"):
+        GRPOConfig(advantage={"estimator": "gdpo"})
+    with pytest.raises(ValidationError, match="overlong_buffer_length"):
+        GRPOConfig(max_new_tokens=16, dapo={"overlong_buffer_length": 32})
+    with pytest.raises(ValidationError, match="num_minibatches"):
+        GRPOConfig(num_prompts_per_step=3, num_generations_per_prompt=3, num_minibatches=2)
+    with pytest.raises(ValidationError, match="extra"):
+        GRPOConfig(num_prompt_per_step=3)
+    with pytest.raises(ValidationError, match="gspo"):
+        LossConfig(kind="gspo", objective="cispo")
+
+
+def samples(n):
+    return [PromptSample(messages=[{"role": "user", "content": str(i)}]) for i in range(n)]
+
+
+def test_prompt_stream_is_seeded_and_resumable():
+    data = samples(5)
+    stream = PromptStream(data, seed=3)
+    first = [s.messages[0]["content"] for s in stream.take(7)]  # crosses into epoch 1
+    assert sorted(first[:5]) == ["0", "1", "2", "3", "4"] and stream.epoch == 1
+    resumed = PromptStream(data, seed=3)
+    resumed.load_state_dict(stream.state_dict())
+    again = PromptStream(data, seed=3)
+    again.take(7)
+    assert [s.messages[0]["content"] for s in resumed.take(6)] == [s.messages[0]["content"] for s in again.take(6)]
+    with pytest.raises(ValueError, match="same data"):
+        PromptStream(samples(4), seed=3).load_state_dict(stream.state_dict())
+
+
+def test_step_seeds_do_not_collide():
+    seeds = {step_seed(0, step, r) + i for step in range(50) for r in range(4) for i in range(64)}
+    assert len(seeds) == 50 * 4 * 64

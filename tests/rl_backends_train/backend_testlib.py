@@ -1,0 +1,77 @@
+"""Losses and batches for the training-backend tests (imported by the tests through conftest's path)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from rl_core.types import ModelOutputs, Normalizer
+
+
+class MaskedNLL:
+    """Token-level NLL over ``loss_mask``, divided by the GLOBAL number of valid tokens."""
+
+    needs_logits = False
+
+    def __call__(self, outputs: ModelOutputs, batch, normalizer: Normalizer):
+        mask = batch["loss_mask"]
+        nll = -(outputs.logprobs * mask).sum() / normalizer.num_valid_tokens
+        return nll, {"nll": float(nll.detach()), "tokens": float(mask.sum())}
+
+
+class SequenceMeanNLL:
+    """Sequence-level NLL (mean per sequence, then over the GLOBAL number of valid sequences);
+    needs logits, to exercise that path."""
+
+    needs_logits = True
+
+    def __call__(self, outputs: ModelOutputs, batch, normalizer: Normalizer):
+        mask = batch["loss_mask"]
+        per_seq = -(outputs.logprobs * mask).sum(1) / mask.sum(1).clamp(min=1)
+        loss = per_seq.sum() / normalizer.num_valid_sequences
+        return loss, {"logits_abs_mean": float(outputs.logits.abs().mean())}
+
+
+class BradleyTerry:
+    """Reward-model loss on rows laid out (chosen_0, rejected_0, chosen_1, ...)."""
+
+    needs_logits = False
+
+    def __call__(self, outputs: ModelOutputs, batch, normalizer: Normalizer):
+        chosen, rejected = outputs.scores[0::2], outputs.scores[1::2]
+        loss = -torch.nn.functional.logsigmoid(chosen - rejected).sum() / (normalizer.num_valid_sequences / 2)
+        return loss, {"accuracy_sum": float((chosen > rejected).sum())}
+
+
+class Exploding:
+    """A loss that raises, to test error reporting."""
+
+    needs_logits = False
+
+    def __call__(self, outputs, batch, normalizer):
+        raise RuntimeError("boom: this loss always fails")
+
+
+def make_batch(vocab: int, lengths: list[int], prompt_len: int = 2, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Right-padded rows of the given lengths; the loss sees every token after the prompt."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    attention = torch.zeros(len(lengths), width, dtype=torch.long)
+    loss_mask = torch.zeros(len(lengths), width)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(3, vocab, (n,), generator=gen)
+        attention[i, :n] = 1
+        loss_mask[i, prompt_len:n] = 1.0
+    return {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
+
+
+class FailsOnRank1:
+    """A masked NLL that raises on rank 1 only: rank 0 then waits in a collective for it."""
+
+    needs_logits = False
+
+    def __call__(self, outputs, batch, normalizer):
+        if dist.get_rank() == 1:
+            raise RuntimeError("rank 1 gives up")
+        return MaskedNLL()(outputs, batch, normalizer)

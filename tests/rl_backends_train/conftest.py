@@ -1,0 +1,28 @@
+"""Fixtures of the training-backend tests: tiny model dirs; losses live in backend_testlib.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import backend_testlib  # noqa: E402
+from ray import cloudpickle  # noqa: E402
+
+# Ray workers cannot import test modules: ship the test losses by value.
+cloudpickle.register_pickle_by_value(backend_testlib)
+
+
+@pytest.fixture(scope="session")
+def skewed_lengths() -> list[int]:
+    return [40, 5, 12, 33, 7, 9, 25, 6]
+
+
+@pytest.fixture(scope="session")
+def tiny_tp_dir(tmp_path_factory):
+    """A tiny Llama with 2 KV heads, so tensor parallel 2 can split them."""
+    from rl_core.models import save_tiny_model
+
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny-llama-kv2"), family="llama", num_key_value_heads=2))

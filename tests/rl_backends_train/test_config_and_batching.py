@@ -1,0 +1,79 @@
+"""Config validation and the micro-batch planners (no model involved)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from rl_backends_train import TrainBackendConfig
+from rl_backends_train.batching import (
+    first_fit_decreasing,
+    length_sorted_groups,
+    local_normalizer_counts,
+    pack_rows,
+    plan_micro_batches,
+)
+from rl_backends_train.optim import lr_multiplier
+from rl_backends_train.config import SchedulerConfig
+
+
+def test_config_rejects_bad_layouts():
+    with pytest.raises(ValidationError, match="must divide num_workers"):
+        TrainBackendConfig(num_workers=3, tensor_parallel_size=2)
+    with pytest.raises(ValidationError, match="at most one"):
+        TrainBackendConfig(packing={"enabled": True}, dynamic_batching={"enabled": True})
+    with pytest.raises(ValidationError, match="extra"):
+        TrainBackendConfig(micro_batchsize=4)
+    with pytest.raises(ValidationError, match="lora with tensor_parallel_size"):
+        TrainBackendConfig(num_workers=2, tensor_parallel_size=2, lora={"rank": 4})
+    assert TrainBackendConfig(num_workers=4, tensor_parallel_size=2).data_parallel_size == 2
+
+
+def test_first_fit_decreasing_respects_budget_and_covers_all_rows():
+    lengths = [40, 5, 12, 33, 7, 9, 25, 6]
+    bins = first_fit_decreasing(lengths, 48)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in b) <= 48 for b in bins)
+    assert len(bins) == 3  # 137 tokens: 40+7, 33+12, 25+9+6+5 fills three bins of 48
+    assert first_fit_decreasing([60, 3], 48) == [[0], [1]]  # an over-long row gets its own bin
+
+
+def test_length_sorted_groups_bound_padded_tokens():
+    lengths = [40, 5, 12, 33, 7, 9, 25, 6]
+    groups = length_sorted_groups(lengths, 80)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        assert len(g) * max(lengths[i] for i in g) <= 80 or len(g) == 1
+
+
+def test_pack_rows_restarts_positions_and_blocks_attention():
+    batch = {"input_ids": torch.tensor([[5, 6, 7], [8, 9, 0]]), "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}
+    ids, pos, mask, unpack = pack_rows(batch)
+    assert ids.tolist() == [[5, 6, 7, 8, 9]]
+    assert pos.tolist() == [[0, 1, 2, 0, 1]]
+    assert mask.shape == (1, 1, 5, 5)
+    assert not mask[0, 0, 3, :3].any() and mask[0, 0, 4, 3:5].all() and not mask[0, 0, 3, 4]
+    assert unpack.tolist() == [[0, 1, 2], [3, 4, 0]]
+    assert torch.equal(ids[0][unpack][0], batch["input_ids"][0])
+
+
+def test_left_padding_is_rejected_with_a_clear_error():
+    batch = {"input_ids": torch.ones(1, 3, dtype=torch.long), "attention_mask": torch.tensor([[0, 1, 1]]),
+             "loss_mask": torch.ones(1, 3)}
+    with pytest.raises(ValueError, match="right-padded"):
+        plan_micro_batches(batch, TrainBackendConfig())
+
+
+def test_normalizer_counts_use_sample_mask():
+    batch = {"loss_mask": torch.tensor([[0, 1, 1], [0, 1, 0], [0, 0, 0]]).float(), "sample_mask": torch.tensor([1.0, 0.0, 1.0])}
+    assert local_normalizer_counts(batch).tolist() == [2.0, 1.0]
+
+
+def test_lr_schedule_warmup_then_cosine():
+    cfg = SchedulerConfig(kind="cosine", warmup_steps=2, total_steps=6, min_lr_ratio=0.1)
+    values = [lr_multiplier(s, cfg) for s in range(8)]
+    assert values[:3] == [0.5, 1.0, 1.0]
+    assert values[4] == pytest.approx(0.1 + 0.9 * 0.5)
+    assert values[6] == pytest.approx(0.1) and values[7] == pytest.approx(0.1)
+    assert lr_multiplier(100, SchedulerConfig(kind="constant", warmup_steps=3)) == 1.0
