@@ -32,7 +32,19 @@ fi
     || die "$VENV holds Python < 3.11: remove it and run again with RL_PYTHON set to Python >= 3.11."
 
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-[[ -t 1 ]] || PIP+=(--progress-bar off)
+
+# Skip the installs when nothing that decides them changed since the last successful run.
+STAMP="$VENV/.rl_setup_stamp"
+fingerprint() {
+    {
+        echo "$TORCH_SPEC"
+        cat "$ROOT/scripts/setup_env.sh" "$ROOT"/packages/*/pyproject.toml "$ROOT/apps/pyproject.toml"
+    } | sha256sum | cut -d' ' -f1
+}
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(fingerprint)" ]]; then
+    log "$VENV is up to date (delete $STAMP to force a reinstall)"
+    exit 0
+fi
 
 log "upgrading pip"
 "${PIP[@]}" install -q --upgrade pip
@@ -69,3 +81,4 @@ for name in names:
 print(f"[setup_env] ready: Python {sys.version.split()[0]}, torch {torch.__version__}, "
       f"CUDA {'yes' if torch.cuda.is_available() else 'no'}", file=sys.stderr)
 PY
+fingerprint > "$STAMP"

@@ -11,12 +11,11 @@ import types
 from pathlib import Path
 
 import pytest
-import yaml
-
 import rl_apps
+import yaml
 from rl_apps import cli
 from rl_apps.commands import COMMANDS, CommandSpec
-from rl_core.config import load_config
+from rl_core.config import ConfigError, ConfigProblem, load_config
 
 
 def _load_cases():
@@ -36,6 +35,8 @@ cases = _load_cases()
 
 def _toy_run(cfg) -> int:
     """A real (tiny) command: it creates its output directory and writes a log, like every run does."""
+    if cfg.policy.model == "no-such-model":  # a check the schema cannot make, done before writing anything
+        raise ConfigError(ConfigProblem("<config>", "policy.model", "no model of that name"))
     out = Path(cfg.output_dir)
     out.mkdir(parents=True)
     (out / "log.txt").write_text(f"steps={cfg.train.max_steps} model={cfg.policy.model}\n")
@@ -77,6 +78,12 @@ def test_good_config_runs_and_writes_its_output(toy_command, tmp_path):
     (tmp_path / "base.yaml").write_text(cases.BASE_YAML)
     assert cli.main(["toy", "train.max_steps=4", "--config", "base.yaml", "output_dir=out/run1"]) == 0
     assert (tmp_path / "out/run1/log.txt").read_text() == "steps=4 model=tiny-llama\n"
+
+
+def test_config_error_raised_by_run_exits_2(toy_command, tmp_path, capsys):
+    assert cli.main(["toy", "policy.model=no-such-model"]) == 2
+    assert "policy.model: no model of that name" in capsys.readouterr().err
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_print_config_prints_resolved_yaml_and_runs_nothing(toy_command, tmp_path, capsys):

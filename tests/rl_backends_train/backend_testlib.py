@@ -29,7 +29,7 @@ class SequenceMeanNLL:
         mask = batch["loss_mask"]
         per_seq = -(outputs.logprobs * mask).sum(1) / mask.sum(1).clamp(min=1)
         loss = per_seq.sum() / normalizer.num_valid_sequences
-        return loss, {"logits_abs_mean": float(outputs.logits.abs().mean())}
+        return loss, {"logits_abs_mean": float(outputs.logits.detach().abs().mean())}
 
 
 class BradleyTerry:

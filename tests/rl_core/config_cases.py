@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
-
 from rl_core.config import StrictModel
 
 

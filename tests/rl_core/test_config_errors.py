@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from rl_core.config import ConfigError, load_config
+from pydantic import Field, model_validator
+from rl_core.config import ConfigError, StrictModel, load_config
 
 
 def _load_cases():
@@ -86,3 +86,28 @@ def test_unknown_key_lists_valid_keys_when_nothing_is_close(tmp_path):
     message = str(info.value)
     assert "unknown key 'zzz'" in message
     assert "Valid keys here: batch_size, env_kwargs, max_steps, tags" in message
+
+
+class _Schedule(StrictModel):
+    warmup_steps: int = 0
+    max_steps: int = 10
+
+    @model_validator(mode="after")
+    def _warmup_fits(self):
+        if self.warmup_steps > self.max_steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must not exceed max_steps ({self.max_steps})")
+        return self
+
+
+class _WithSchedule(StrictModel):
+    schedule: _Schedule = Field(default_factory=_Schedule)
+
+
+def test_rules_across_fields_are_reported_at_their_section(tmp_path):
+    (tmp_path / "run.yaml").write_text("# a schedule\nschedule:\n  warmup_steps: 20\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(_WithSchedule, tmp_path / "run.yaml", [])
+    (problem,) = info.value.problems
+    assert problem.where.endswith("run.yaml:2")
+    assert problem.key == "schedule"
+    assert problem.message == "warmup_steps (20) must not exceed max_steps (10)."

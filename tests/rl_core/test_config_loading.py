@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from rl_core.config import (
     ConfigError,
     config_to_dict,
@@ -80,7 +79,10 @@ def test_deep_merge_merges_mappings_and_replaces_lists():
 
 
 def test_a_mapping_replaced_by_a_scalar_and_back(tmp_path):
-    _write(tmp_path, {"a.yaml": "x:\n  y: 1\n", "b.yaml": "defaults: a.yaml\nx: 3\n", "c.yaml": "defaults: b.yaml\nx:\n  z: 2\n"})
+    _write(
+        tmp_path,
+        {"a.yaml": "x:\n  y: 1\n", "b.yaml": "defaults: a.yaml\nx: 3\n", "c.yaml": "defaults: b.yaml\nx:\n  z: 2\n"},
+    )
     data, _ = load_yaml_with_defaults(tmp_path / "c.yaml")
     assert data == {"x": {"z": 2}}
 

@@ -66,6 +66,9 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
         return 0
     try:
         return int(module.run(cfg) or 0)
+    except ConfigError as e:  # a check that needs more than the schema (e.g. a model path that does not exist)
+        print(f"rl {spec.name}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"rl {spec.name}: interrupted", file=sys.stderr)
         return 130

@@ -7,6 +7,9 @@ Three layouts, all giving the loss the same padded ``[b, t]`` view of its sample
 * packed: first-fit-decreasing of the real tokens of each row into rows of a token budget; the
   model sees one ``[1, L]`` row with position ids restarting per sequence and a block-diagonal
   causal mask, and ``forward.py`` scatters its outputs back to the padded view.
+
+Preference batches (an ``is_chosen`` key: rows 2i / 2i+1 are a pair) are planned in groups of two
+rows, so a pair is never split or reordered.
 """
 
 from __future__ import annotations
@@ -43,26 +46,37 @@ def sequence_lengths(batch: Batch) -> torch.Tensor:
     return lengths
 
 
+def rows_per_group(batch: Batch) -> int:
+    """Rows that must stay together, in order, in one micro-batch: 2 for preference pairs."""
+    return 2 if "is_chosen" in batch else 1
+
+
 def plan_micro_batches(batch: Batch, cfg: TrainBackendConfig) -> list[MicroBatch]:
     """Micro-batches of ``batch`` in the layout the config asks for."""
     lengths = sequence_lengths(batch)
+    size = rows_per_group(batch)
+    if lengths.shape[0] % size:
+        raise ValueError(f"a preference batch needs an even number of rows, got {lengths.shape[0]}")
+    group_lengths = lengths.view(-1, size)
     if cfg.packing.enabled:
-        groups = first_fit_decreasing(lengths.tolist(), cfg.packing.max_tokens_per_micro_batch)
+        plan = first_fit_decreasing(group_lengths.sum(1).tolist(), cfg.packing.max_tokens_per_micro_batch)
     elif cfg.dynamic_batching.enabled:
-        groups = length_sorted_groups(lengths.tolist(), cfg.dynamic_batching.max_tokens_per_micro_batch)
+        budget = cfg.dynamic_batching.max_tokens_per_micro_batch // size
+        plan = length_sorted_groups(group_lengths.max(1).values.tolist(), budget)
     else:
-        n = lengths.shape[0]
-        groups = [list(range(i, min(i + cfg.micro_batch_size, n))) for i in range(0, n, cfg.micro_batch_size)]
+        n, per = group_lengths.shape[0], max(1, cfg.micro_batch_size // size)
+        plan = [list(range(i, min(i + per, n))) for i in range(0, n, per)]
     out = []
-    for rows in groups:
+    for groups in plan:
+        rows = [g * size + j for g in groups for j in range(size)]
         index = torch.tensor(rows, dtype=torch.long)
         out.append(MicroBatch(rows=index, batch=trim_padding(select(batch, index)), packed=cfg.packing.enabled))
     return out
 
 
 def dummy_micro_batch(batch: Batch, packed: bool) -> MicroBatch:
-    """One row, one token: the cheapest forward/backward that still runs every FSDP collective."""
-    row = {k: (v[:1, :1] if v.dim() >= 2 else v[:1]) for k, v in batch.items()}
+    """One row, two tokens: the cheapest forward/backward that still runs every FSDP collective."""
+    row = {k: (v[:1, :2] if v.dim() >= 2 else v[:1]) for k, v in batch.items()}
     return MicroBatch(rows=torch.zeros(1, dtype=torch.long), batch=row, packed=packed, dummy=True)
 
 

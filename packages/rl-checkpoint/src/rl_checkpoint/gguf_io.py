@@ -115,7 +115,9 @@ class GGUFSource:
             if self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = cfg["num_attention_heads"] if "q_proj" in name else cfg.get("num_key_value_heads", cfg["num_attention_heads"])
                 values = unpermute_rotary(values, heads)
-            out[name] = torch.from_numpy(np.ascontiguousarray(values)).to(self.dtype)
+            if not values.flags.writeable or not values.flags.c_contiguous:  # F32 tensors are views of the mmap
+                values = np.array(values, order="C")
+            out[name] = torch.from_numpy(values).to(self.dtype)
         return out
 
 

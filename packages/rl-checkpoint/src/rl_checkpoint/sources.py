@@ -77,11 +77,14 @@ class DCPModelSource:
 
     def __init__(self, path: str | Path, prefix: str = "model."):
         self.reader = DCPReader(path)
-        names = list(self.reader.infos)
-        if any(n.startswith(prefix) for n in names):
-            self._raw = {n[len(prefix):]: n for n in names if n.startswith(prefix)}
+        names = [n for n in self.reader.infos if not n.startswith(("optimizer.", "optim.", "lr_scheduler."))]
+        # HF names may themselves start with "model.": the wrapper prefix is there only when every
+        # key has it and some stripped key still looks like an HF top-level name.
+        stripped = [n[len(prefix):] for n in names if n.startswith(prefix)]
+        if len(stripped) == len(names) and any(n.startswith(("model.", "lm_head.", "score.")) for n in stripped):
+            self._raw = {n[len(prefix):]: n for n in names}
         else:
-            self._raw = {n: n for n in names if not n.startswith(("optimizer.", "optim.", "lr_scheduler."))}
+            self._raw = {n: n for n in names}
         if not self._raw:
             raise CheckpointError(f"{path}: the DCP checkpoint holds no model tensors (keys: {names[:5]}...)")
         self.infos = sorted_infos({n: self.reader.infos[raw] for n, raw in self._raw.items()})

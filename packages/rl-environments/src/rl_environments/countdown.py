@@ -78,7 +78,7 @@ def check_expression(expression: str, numbers: list[int], target: int, use_all_n
         value = evaluate(expression, allow_functions=False)
     except CalculatorError:
         return False
-    if any(not float(u).is_integer() for u in used):
+    if any(not isinstance(u, int) for u in used):  # "4.0" is not the given number 4
         return False
     used_counts, given = Counter(int(u) for u in used), Counter(numbers)
     if use_all_numbers and used_counts != given:

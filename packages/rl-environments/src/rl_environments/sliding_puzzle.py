@@ -78,7 +78,7 @@ class SlidingPuzzleDatasetConfig(StrictModel):
     seed: int = 0
     size: int = Field(3, ge=2, le=6)
     """Board side N (N x N board)."""
-    scramble_moves: int = Field(4, ge=1, le=200)
+    scramble_moves: int = Field(8, ge=1, le=200)
     """Difficulty: random moves from the solved board."""
     train_size: int = Field(1000, ge=0)
     validation_size: int = Field(50, ge=0)
@@ -87,9 +87,12 @@ class SlidingPuzzleDatasetConfig(StrictModel):
 
 
 def sliding_puzzle_split(cfg: SlidingPuzzleDatasetConfig, split: Split, size: int | None = None) -> list[PromptSample]:
+    """Up to ``size`` distinct starts owned by ``split``. Few boards exist at small difficulty (20 on a
+    3x3 board within 4 moves), so a split may hold fewer than asked for, never a board of another split."""
     size = getattr(cfg, f"{split}_size") if size is None else size
     boards = generate_split(lambda rng: scramble(cfg.size, cfg.scramble_moves, rng), str, seed=cfg.seed,
-                            split=split, size=size, name=f"sliding-{cfg.size}-k{cfg.scramble_moves}")
+                            split=split, size=size, name=f"sliding-{cfg.size}-k{cfg.scramble_moves}",
+                            exhaust_ok=True)
     return [_sample(board, cfg) for board in boards]
 
 

@@ -48,9 +48,11 @@ def generate_split(
     size: int,
     name: str,
     max_attempts_per_item: int = 200,
+    exhaust_ok: bool = False,
 ) -> list[T]:
     """``size`` distinct problems owned by ``split``: draw candidates, keep those hashed to this split
-    and not seen before. Raises ValueError when the problem space is too small for ``size``."""
+    and not seen before. When the problem space is too small for ``size``: raise ValueError, or with
+    ``exhaust_ok`` return the (at least one) problems found."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
     rng = split_rng(seed, split, name)
@@ -65,7 +67,7 @@ def generate_split(
         if k not in seen and split_of(seed, k) == split:
             seen.add(k)
             items.append(item)
-    if len(items) == size:
+    if len(items) == size or (exhaust_ok and items):
         return items
     raise ValueError(
         f"{name}: could only find {len(items)} distinct {split} problems of the {size} asked for; "

@@ -47,6 +47,8 @@ class _Live:
     final_turn: bool = False
     """This is the last turn whatever the environment says (length or turn limit reached)."""
     last_generated: list[int] = dataclasses.field(default_factory=list)
+    turn_limit: bool = False
+    """The latest turn was turn ``max_turns``."""
 
 
 def run_rollouts(
@@ -174,8 +176,11 @@ def _record_turn(ep: _Live, completion: Completion, chat: ChatTokens, max_turns:
     episode.messages.append({"role": "assistant", "content": chat.tokenizer.decode(tokens, skip_special_tokens=True)})
     ep.last_generated = tokens
     at_length_cap = max_total_length is not None and len(episode.token_ids) >= max_total_length
+    # A turn cut at max_new_tokens still goes to the environment, which may ask for another turn;
+    # the episode counts as truncated when its last turn was cut (or it ran out of total length).
     episode.truncated = hit_length or at_length_cap
-    ep.final_turn = episode.truncated or episode.num_turns >= max_turns
+    ep.turn_limit = episode.num_turns >= max_turns
+    ep.final_turn = at_length_cap or ep.turn_limit
 
 
 def _submit_env_steps(runner: EnvRunner, turned: list[_Live], pending: dict) -> None:
@@ -244,8 +249,9 @@ def _apply_results(group: list[_Live], future: cf.Future, chat: ChatTokens, max_
         episode.metrics.update({k: float(v) for k, v in result.metrics.items()})
         ep.state = result.state
         if result.done or ep.final_turn:
-            episode.max_turns_reached = not result.done and not episode.truncated
+            episode.max_turns_reached = not result.done and ep.turn_limit
             continue
+        episode.truncated = False  # the environment accepted the turn and continues
         if _append_observation(ep, result.observation, result.observation_role, chat, max_total_length):
             ready.append(ep)
     return ready

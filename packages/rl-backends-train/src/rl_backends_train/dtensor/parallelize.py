@@ -112,6 +112,8 @@ def build_parallel_model(model_path: str, cfg: TrainBackendConfig, mesh: DeviceM
     # 3. Activation checkpointing per decoder layer (HF's non-reentrant checkpointing keeps FQNs).
     if trainable and cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    # 4. FSDP2 over "dp".
-    apply_fsdp(model, mesh["dp"], cfg, on_gpu)
+    # 4. FSDP2 over "dp". A CPU run with one data shard skips it: sharding over one rank only adds
+    #    copies (on GPU it still brings mixed precision and offload).
+    if on_gpu or cfg.data_parallel_size > 1:
+        apply_fsdp(model, mesh["dp"], cfg, on_gpu)
     return model

@@ -10,6 +10,7 @@ from rl_core.batch import Batch, batch_size, select
 from rl_core.cluster import WorkerGroup
 from rl_core.protocols import LossFn
 
+from rl_backends_train.batching import rows_per_group
 from rl_backends_train.config import TrainBackendConfig
 from rl_backends_train.dtensor.worker import DTensorWorker
 
@@ -92,12 +93,14 @@ class DTensorPolicy:
         return results[:: self.cfg.tensor_parallel_size]
 
     def _pad_for_dp(self, batch: Batch) -> tuple[Batch, int]:
-        """Append copies of row 0 with nothing to score so the rows split evenly over data shards."""
+        """Append copies of the first rows (of the first pair, for preference batches) with nothing to
+        score, so the rows split evenly over data shards without splitting a pair."""
         n = batch_size(batch)
-        extra = -n % self.cfg.data_parallel_size
+        size = rows_per_group(batch)
+        extra = -n % (self.cfg.data_parallel_size * size)
         if not extra:
             return batch, n
-        filler = select(batch, [0] * extra)
+        filler = select(batch, [i % size for i in range(extra)])
         for key in ("loss_mask", "sample_mask"):
             if key in filler:
                 filler[key] = torch.zeros_like(filler[key])

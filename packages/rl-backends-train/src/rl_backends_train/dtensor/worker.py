@@ -309,7 +309,7 @@ def _hf_class(model) -> type:
     """The HF class of a model that FSDP2 has re-classed as ``FSDP<Name>(FSDPModule, <Name>)``."""
     from torch.distributed.fsdp import FSDPModule
 
-    return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+    return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))  # noqa: B023
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:

@@ -20,9 +20,7 @@ from rl_core.config.validation import problems_from_validation_error
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
-def load_config(
-    schema_cls: type[ModelT], path: str | os.PathLike[str] | None, overrides: Sequence[str] = ()
-) -> ModelT:
+def load_config(schema_cls: type[ModelT], path: str | os.PathLike[str] | None, overrides: Sequence[str] = ()) -> ModelT:
     """Load ``path`` (with its ``defaults:``), apply dotted ``overrides``, validate into ``schema_cls``.
 
     ``path=None`` starts from the schema's own defaults. Raises ConfigError listing every problem

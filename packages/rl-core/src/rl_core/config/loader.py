@@ -69,7 +69,9 @@ def _defaults_paths(value: Any, path: str, sources: SourceMap) -> list[str]:
         parent = os.path.normpath(os.path.join(base_dir, os.path.expanduser(name)))
         if not os.path.isfile(parent):
             raise ConfigError(
-                ConfigProblem(where, DEFAULTS_KEY, f"defaults file '{name}' not found (looked for {display_path(parent)})")
+                ConfigProblem(
+                    where, DEFAULTS_KEY, f"defaults file '{name}' not found (looked for {display_path(parent)})"
+                )
             )
         resolved.append(parent)
     return resolved

@@ -33,7 +33,9 @@ def parse_override(text: str) -> tuple[KeyPath, Any]:
         value = parse_yaml_value(raw_value) if raw_value.strip() else ""
     except yaml.YAMLError as e:
         first_line = str(e).splitlines()[0]
-        raise ValueError(f"cannot read the value '{raw_value}' as YAML ({first_line}); quote it if it is a string") from None
+        raise ValueError(
+            f"cannot read the value '{raw_value}' as YAML ({first_line}); quote it if it is a string"
+        ) from None
     path: KeyPath = tuple(int(p) if p.isdigit() else p for p in parts)
     return path, value
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import types
 import typing
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -37,24 +38,17 @@ def problems_from_validation_error(
     return problems
 
 
+@dataclass
 class _Located:
     """Where an error points: the key path in the user's data and what the schema says there."""
 
-    def __init__(
-        self,
-        path: KeyPath,
-        parent_models: list[type[BaseModel]],
-        field: FieldInfo | None,
-        found: bool,
-        missing_item: int | None = None,
-    ):
-        self.path = path
-        self.missing_item = missing_item
-        """Index of a missing item of a fixed-length list (tuple); the path is the list's."""
-        self.parent_models = parent_models
-        self.field = field
-        self.found = found
-        """Whether the key exists in the user's data (False for a missing required key)."""
+    path: KeyPath
+    parent_models: list[type[BaseModel]]
+    """The model(s) holding the last key of ``path``: their field names feed the did-you-mean."""
+    field: FieldInfo | None
+    """The schema's field at ``path``, when there is one."""
+    missing_item: int | None = None
+    """Index of a missing item of a fixed-length list (tuple); ``path`` is then the list's."""
 
 
 def _locate(schema_cls: type[BaseModel], data: Any, loc: tuple, error_type: str) -> _Located:
@@ -75,17 +69,17 @@ def _locate(schema_cls: type[BaseModel], data: Any, loc: tuple, error_type: str)
             node = node[part]
         elif last and error_type == "missing" and isinstance(node, list):
             # a tuple with too few items: point at the list itself
-            return _Located(tuple(path), parents, field, found=True, missing_item=part)
+            return _Located(tuple(path), parents, field, missing_item=part)
         elif last and error_type == "missing":
             parents = [c for c in candidates if _is_model(c)]
             field = next((c.model_fields[part] for c in parents if part in c.model_fields), None)
             path.append(part)
-            return _Located(tuple(path), parents, field, found=False)
+            return _Located(tuple(path), parents, field)
         else:
             # a tag pydantic adds for the member of a union it tried ("int", "SubConfig", ...)
             narrowed = [c for c in candidates if getattr(c, "__name__", None) == part]
             candidates = narrowed or candidates
-    return _Located(tuple(path), parents, field, found=True)
+    return _Located(tuple(path), parents, field)
 
 
 def _message(item: dict[str, Any], located: _Located) -> str:
@@ -101,6 +95,8 @@ def _message(item: dict[str, Any], located: _Located) -> str:
         expected = _type_name(located.field.annotation) if located.field else "a value"
         return f"required key is missing (expected {expected}){_describe(located.field)}"
     expected = _expected(item)
+    if error_type in ("value_error", "assertion_error") and isinstance(value, dict):
+        return expected + ("" if expected.endswith(".") else ".")  # a rule across the fields of a section
     hint = ""
     if error_type == "literal_error" and isinstance(value, str) and located.field is not None:
         hint = _did_you_mean(value, [v for v in _literal_values(located.field.annotation) if isinstance(v, str)])
@@ -191,7 +187,9 @@ def _children(candidates: list[Any], part: str | int) -> list[Any]:
 
 
 def _literal_values(tp: Any) -> list[Any]:
-    return [v for member in _flatten(tp) if typing.get_origin(member) is typing.Literal for v in typing.get_args(member)]
+    return [
+        v for member in _flatten(tp) if typing.get_origin(member) is typing.Literal for v in typing.get_args(member)
+    ]
 
 
 def _type_name(tp: Any) -> str:

@@ -3,9 +3,10 @@ isolation, drops privileges and execs the sandboxed Python. Standard library onl
 
 Steps (each explained in docs/sandbox.md):
 1. new network namespace (no interfaces up: nothing is reachable, not even 127.0.0.1) and, when
-   running as root, a private mount namespace: fresh tmpfs over /tmp, /var/tmp, /dev/shm and over
-   directories the sandbox user could not traverse but needs for the interpreter (e.g. /root when
-   Python lives in /root/.pyenv); the interpreter and the working directory are bind-mounted back;
+   running as root, a private mount namespace: fresh size-limited tmpfs over /tmp, /var/tmp, /dev/shm
+   and over directories the sandbox user could not traverse but needs for the interpreter (e.g. /root
+   when Python lives in /root/.pyenv); the interpreter is bind-mounted back read-only; the working
+   directory becomes a tmpfs of its own holding a copy of the prepared files;
 2. resource limits (CPU, address space, file size, processes, open files, no core dumps);
 3. as root: switch to a uid/gid of its own (no supplementary groups, no capabilities);
 4. exec the interpreter in isolated mode with a clean environment in the working directory.
@@ -15,6 +16,7 @@ import ctypes
 import json
 import os
 import resource
+import shutil
 import stat
 import sys
 
@@ -77,19 +79,28 @@ def private_filesystem(cfg):
     """Mount namespace: hide /tmp-like dirs and untraversable parents, re-expose what is needed."""
     check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # never propagate anything below to the host
-    # O_PATH handles keep the originals reachable after the tmpfs mounts hide their paths.
-    exposed = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY), True) for path in cfg["expose_paths"]]
-    exposed.append((cfg["workdir"], os.open(cfg["workdir"], os.O_PATH | os.O_DIRECTORY), False))
-    hidden = {blocked_ancestor(p) for p, _, _ in exposed[:-1]}
+    # Open handles keep the originals reachable after the tmpfs mounts hide their paths.
+    exposed = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in cfg["expose_paths"]]
+    source_fd = os.open(cfg["workdir"], os.O_RDONLY | os.O_DIRECTORY)
+    hidden = {blocked_ancestor(p) for p, _ in exposed}
     hidden |= {d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d)}
     for directory in sorted(d for d in hidden if d):
         mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={cfg['tmpfs_mb']}m")
-    for path, fd, read_only in exposed:
+    for path, fd in exposed:
         os.makedirs(path, mode=0o755, exist_ok=True)
         mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-        if read_only:
-            mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_REC)
+        mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_REC)
         os.close(fd)
+    # The working directory is a size-limited tmpfs of its own holding a copy of the prepared files:
+    # whatever the program writes can neither fill the host's disk nor reach the host's copy.
+    workdir = cfg["workdir"]
+    os.makedirs(workdir, mode=0o755, exist_ok=True)
+    mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={cfg['tmpfs_mb']}m")
+    shutil.copytree(f"/proc/self/fd/{source_fd}", workdir, dirs_exist_ok=True)
+    os.close(source_fd)
+    for root, dirs, files in os.walk(workdir):
+        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+            os.chown(name, cfg["uid"], cfg["uid"])
 
 
 def set_limits(limits):

@@ -50,7 +50,7 @@ class SandboxLimits:
     """Processes and threads of the sandbox uid (RLIMIT_NPROC; exact when running as root)."""
     max_open_files: int = 64
     max_output_bytes: int = 65536
-    """stdout and stderr are each cut to this many bytes (the rest is read and dropped)."""
+    """stdout and stderr are each cut to this many bytes; a program that writes more is stopped."""
     tmpfs_mb: int = 64
     """Size of the private /tmp, /var/tmp and /dev/shm (root only)."""
 
@@ -168,6 +168,9 @@ def _collect(proc: subprocess.Popen, deadline: float, cap: int, uid: int | None)
             if len(chunk) > room:
                 truncated = True
             buf.extend(chunk[: max(room, 0)])
+            if truncated and not killed:  # the output is unusable past the cap: stop the program now
+                _kill_tree(proc, uid)
+                killed = True
         if killed and time.monotonic() > deadline + 5:  # a pipe held by something we could not kill
             break
     selector.close()

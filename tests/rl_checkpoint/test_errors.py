@@ -1,0 +1,125 @@
+"""Bad input fails with exit 2 and one clear line, and never leaves a half-written output."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+
+import pytest
+import torch
+
+from rl_checkpoint.cli import main
+from rl_checkpoint.dcp_io import save_dcp
+
+
+def run_error(capsys, argv: list[str]) -> str:
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rl-checkpoint: error: ") and "\n" not in err, err
+    return err
+
+
+def no_leftovers(out):
+    """Neither the output nor a temporary sibling of it exists."""
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+
+
+@pytest.fixture
+def ckpt(tiny_model_dir, tmp_path):
+    assert main(["hf-to-dcp", tiny_model_dir, str(tmp_path / "ckpt")]) == 0
+    return tmp_path / "ckpt"
+
+
+def test_missing_directory(capsys, tmp_path):
+    err = run_error(capsys, ["dcp-to-hf", str(tmp_path / "nope"), str(tmp_path / "out")])
+    assert "nope: no such file or directory" in err
+    no_leftovers(tmp_path / "out")
+
+
+def test_missing_and_corrupt_metadata(capsys, ckpt, tmp_path):
+    meta = ckpt / "dcp" / ".metadata"
+    raw = meta.read_bytes()
+    meta.write_bytes(raw[: len(raw) // 2])
+    err = run_error(capsys, ["dcp-to-hf", str(ckpt), str(tmp_path / "out")])
+    assert "corrupt DCP metadata" in err and ".metadata" in err
+    no_leftovers(tmp_path / "out")
+    meta.unlink()
+    err = run_error(capsys, ["dcp-to-hf", str(ckpt / "dcp"), str(tmp_path / "out")])
+    assert "unknown checkpoint format" in err
+    (ckpt / "meta.json").write_text("{not json")
+    meta.write_bytes(raw)
+    err = run_error(capsys, ["dcp-to-hf", str(ckpt), str(tmp_path / "out")])
+    assert "meta.json" in err and "corrupt" in err
+
+
+def test_metadata_pickle_cannot_run_code(capsys, tmp_path):
+    """A .metadata that would call a function when unpickled is refused, and the function never runs."""
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (shutil.copy, (__file__, str(marker)))
+
+    (tmp_path / "evil").mkdir()
+    (tmp_path / "evil" / ".metadata").write_bytes(pickle.dumps(Evil()))
+    err = run_error(capsys, ["dcp-to-hf", str(tmp_path / "evil"), str(tmp_path / "out"), "--config-dir", str(tmp_path)])
+    assert "refused" in err and "shutil.copy" in err
+    assert not marker.exists()
+
+
+def test_truncated_shard(capsys, tiny_model_dir, tmp_path):
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny_model_dir, hf)
+    shard = hf / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1000])
+    err = run_error(capsys, ["hf-to-dcp", str(hf), str(tmp_path / "out")])
+    assert "truncated safetensors shard" in err and "model.safetensors" in err
+    no_leftovers(tmp_path / "out")
+    shard.write_bytes(b"\x05\x00")
+    assert "truncated safetensors file" in run_error(capsys, ["inspect", str(hf)])
+
+
+def test_truncated_dcp_data_leaves_nothing(capsys, ckpt, tmp_path):
+    data = ckpt / "dcp" / "__0_0.distcp"
+    data.write_bytes(data.read_bytes()[:-5000])
+    err = run_error(capsys, ["dcp-to-hf", str(ckpt), str(tmp_path / "out")])
+    assert "truncated DCP data file" in err
+    no_leftovers(tmp_path / "out")
+
+
+def test_unknown_format(capsys, tmp_path):
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("hello")
+    assert "unknown checkpoint format" in run_error(capsys, ["to-hf", str(tmp_path / "junk"), str(tmp_path / "out")])
+    (tmp_path / "w.bin").write_bytes(b"x")
+    assert "unknown checkpoint file type" in run_error(capsys, ["inspect", str(tmp_path / "w.bin")])
+    (tmp_path / "pt").mkdir()
+    (tmp_path / "pt" / "pytorch_model.bin").write_bytes(b"x")
+    assert "never loads" in run_error(capsys, ["inspect", str(tmp_path / "pt")])
+
+
+def test_unsupported_dtype(capsys, tmp_path, tiny_model_dir):
+    save_dcp({"model": {"model.norm.weight": torch.zeros(4, dtype=torch.complex64)}}, tmp_path / "cplx")
+    err = run_error(capsys, ["dcp-to-hf", str(tmp_path / "cplx"), str(tmp_path / "out"), "--config-dir", tiny_model_dir])
+    assert "complex64" in err and "cannot be stored in safetensors" in err
+    no_leftovers(tmp_path / "out")
+
+
+def test_refuses_overwrite_without_force(capsys, ckpt, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert "already exists; pass --force" in run_error(capsys, ["dcp-to-hf", str(ckpt), str(out)])
+    assert (out / "keep.txt").read_text() == "mine"
+    assert main(["dcp-to-hf", str(ckpt), str(out), "--force"]) == 0
+    assert not (out / "keep.txt").exists() and (out / "config.json").is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
+def test_wrong_command_for_format(capsys, tiny_model_dir, tmp_path):
+    assert "not DCP; use `rl-checkpoint to-hf`" in run_error(capsys, ["dcp-to-hf", tiny_model_dir, str(tmp_path / "o")])
+    cfg = json.loads((__import__("pathlib").Path(tiny_model_dir) / "config.json").read_text())
+    assert cfg["model_type"] == "llama"
