@@ -131,6 +131,30 @@ def test_constructor_failure_is_reported(ray_session):
     assert info.value.method == "SumWorker.__init__" and "TypeError" in str(info.value)
 
 
+def test_unschedulable_group_fails_with_the_free_resources(ray_session):
+    with pytest.raises(WorkerError, match=r"could not reserve 2 x \{'CPU': 1000\}.*cluster.num_cpus"):
+        WorkerGroup(SumWorker, 2, init_args=(0.0,), cpus_per_worker=1000, startup_timeout_s=2, name="huge")
+
+
+class CudaSumWorker:
+    def all_reduce_on_cuda(self) -> tuple[str, float]:
+        tensor = torch.ones(1, device="cuda") * (dist.get_rank() + 1)
+        dist.all_reduce(tensor)
+        return dist.get_backend(), tensor.item()
+
+
+@pytest.mark.gpu
+def test_gpu_group_uses_nccl_for_cuda_tensors(ray_session):
+    num_gpus = int(ray_session.cluster_resources().get("GPU", 0))
+    if num_gpus < 1:
+        pytest.skip("the session's Ray sees no GPU")
+    world = min(num_gpus, 2)
+    with WorkerGroup(CudaSumWorker, world, gpus_per_worker=1, name="cuda") as group:
+        results = group.run_all("all_reduce_on_cuda")
+    assert [value for _, value in results] == [world * (world + 1) / 2] * world
+    assert all("nccl" in backend for backend, _ in results)
+
+
 def test_shutdown_frees_actors_and_placement_group(ray_session):
     import ray
     from ray.util import placement_group_table

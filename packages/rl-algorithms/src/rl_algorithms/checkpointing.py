@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from pydantic import Field
 
 from rl_core.config import StrictModel
 from rl_core.protocols import TrainingBackend
+from rl_core.seed import get_rng_state, set_rng_state
 
 STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -51,21 +50,6 @@ class CheckpointConfig(StrictModel):
     resume: bool = False
     """Continue from the latest complete checkpoint in ``dir`` (model, optimizer, scheduler, data
     position, RNG states, step). Starts fresh when there is none."""
-
-
-def capture_rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class CheckpointManager:
@@ -106,7 +90,7 @@ class CheckpointManager:
         tmp = self.dir / f".step_{step:06d}.tmp"
         tmp.mkdir()
         policy.save(str(tmp / "policy"))
-        torch.save(capture_rng_state(), tmp / "rng.pt")
+        torch.save(get_rng_state(), tmp / "rng.pt")
         _write_json(tmp / STATE_FILE, {**state, "step": step})
         if final.exists():  # a resumed run re-saving the same step
             shutil.rmtree(final)
@@ -118,7 +102,7 @@ class CheckpointManager:
         """Load weights/optimizer into ``policy``, restore the RNG states; returns the trainer state."""
         path = Path(path)
         policy.load(str(path / "policy"))
-        restore_rng_state(torch.load(path / "rng.pt", weights_only=False))
+        set_rng_state(torch.load(path / "rng.pt", weights_only=True))
         return json.loads((path / STATE_FILE).read_text())
 
     def _remove_temporaries(self) -> None:

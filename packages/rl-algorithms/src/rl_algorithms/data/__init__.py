@@ -28,6 +28,7 @@ from rl_algorithms.data.loading import (
 from rl_algorithms.data.reading import read_records
 from rl_algorithms.data.rows import ChatSample, PlainSample, parse_chat_row, parse_preference_row
 from rl_algorithms.data.sampler import EpochSampler
+from rl_algorithms.data.synthetic import SyntheticDataConfig, synthetic_rows, write_jsonl, write_synthetic_dataset
 from rl_algorithms.data.tokenize import TokenizedSample, prompt_token_ids, render_chat, tokenize_sample
 
 __all__ = [
@@ -58,5 +59,9 @@ __all__ = [
     "read_records",
     "render_chat",
     "split_pairs",
+    "SyntheticDataConfig",
+    "synthetic_rows",
+    "write_jsonl",
+    "write_synthetic_dataset",
     "tokenize_sample",
 ]

@@ -15,8 +15,9 @@ FileFormat = Literal["auto", "jsonl", "parquet"]
 class DataFileConfig(StrictModel):
     """Where the rows are and what to do with rows that cannot be used."""
 
-    train_path: str
-    """A ``.jsonl`` (one JSON object per line) or ``.parquet`` file of training rows."""
+    train_path: str | None = None
+    """A ``.jsonl`` (one JSON object per line) or ``.parquet`` file of training rows (the commands'
+    ``synthetic_data`` section can generate one instead)."""
     validation_path: str | None = None
     """Held-out rows in the same layout (None: no validation)."""
     format: FileFormat = "auto"

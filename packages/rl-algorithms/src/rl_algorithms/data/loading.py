@@ -50,8 +50,10 @@ class Loaded(Generic[T]):
         return len(self.items)
 
 
-def load_rows(path: str, cfg: DataFileConfig, convert: Callable[[dict[str, Any]], T]) -> Loaded[T]:
+def load_rows(path: str | None, cfg: DataFileConfig, convert: Callable[[dict[str, Any]], T]) -> Loaded[T]:
     """Read ``path`` and ``convert`` each record; bad rows raise :class:`DataError` or are skipped."""
+    if path is None:
+        raise DataError("no dataset file given: set data.train_path (or use the command's synthetic_data section)")
     report = LoadReport(path=str(path))
     items: list[T] = []
     for location, record in read_records(path, cfg.format):

@@ -18,8 +18,6 @@ from rl_algorithms.checkpointing import CheckpointManager
 from rl_algorithms.data.sampler import EpochSampler
 from rl_algorithms.distill.batch import add_teacher_topk, full_logits, generate_batch
 from rl_algorithms.distill.config import DistillConfig
-from rl_algorithms.grpo.loop import refit
-from rl_algorithms.grpo.rollouts import step_seed
 from rl_algorithms.losses.distill_kl import DistillationKLLoss
 from rl_algorithms.losses.masking import loss_token_mask
 from rl_algorithms.sft.common import (
@@ -31,7 +29,9 @@ from rl_algorithms.sft.common import (
     normalizer_of,
     prefixed,
     record,
+    refit,
     run_validation,
+    step_seed,
     timed,
     validation_due,
 )

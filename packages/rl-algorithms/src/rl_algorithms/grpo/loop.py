@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
@@ -29,6 +27,7 @@ from rl_algorithms.grpo.rollouts import generate_rollouts
 from rl_algorithms.losses import loss_token_mask, mismatch_metrics
 from rl_core.batch import Batch, batch_size, select
 from rl_core.protocols import Environment, GenerationBackend, LossFn, TrainingBackend
+from rl_core.timer import Timer
 from rl_core.types import PromptSample
 
 log = logging.getLogger(__name__)
@@ -39,7 +38,7 @@ Metrics = dict[str, float]
 class MetricsSink(Protocol):
     """Where step metrics go (rl_core.logging.MetricsLogger implements this)."""
 
-    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+    def log(self, metrics: dict[str, float], step: int, prefix: str = "train") -> Any: ...
 
 
 def grpo_train(
@@ -49,34 +48,42 @@ def grpo_train(
     generation: GenerationBackend,
     tokenizer: Any,
     train_data: Sequence[PromptSample],
-    environments: Mapping[str, Environment],
+    environments: Mapping[str, Environment] | Environment,
     *,
     logger: MetricsSink | None = None,
     checkpointer: CheckpointManager | None = None,
     validate_fn: Callable[[int], Metrics] | None = None,
     seed: int = 0,
 ) -> list[Metrics]:
-    """Train ``policy`` with GRPO for ``cfg.max_steps`` steps; returns the metrics of every step
-    (index 0 holds the validation before training when there is one)."""
+    """Train ``policy`` with GRPO for ``cfg.max_steps`` steps.
+
+    Step metrics are logged as ``train/<name>`` and validation metrics (``validate_fn(step)``, every
+    ``cfg.val_every`` steps, before the first and after the last) as ``val/<name>``. Returns one
+    dict per logged step with the full names (the entry of step 0 holds the validation before
+    training)."""
     loss_fn = loss_cfg.build()
     prompts = PromptStream(train_data, seed)
     start_step, history = maybe_resume(checkpointer, policy, generation, prompts)
-    if start_step == 0 and validate_fn is not None and cfg.val_every > 0 and cfg.val_at_start:
-        history.append(record(logger, {"step": 0.0, **validate_fn(0)}, 0))
+    validating = validate_fn is not None and cfg.val_every > 0
+    if start_step == 0 and validating and cfg.val_at_start:
+        history.append(record(logger, {}, validate_fn(0), 0))
 
     for step in range(start_step, cfg.max_steps):
-        metrics = grpo_step(cfg, loss_cfg, loss_fn, policy, generation, tokenizer, prompts, environments, step=step, seed=seed)
+        timer = Timer()
+        metrics = grpo_step(cfg, loss_cfg, loss_fn, policy, generation, tokenizer, prompts, environments,
+                            step=step, seed=seed, timer=timer)
         done = step + 1
         last = done == cfg.max_steps
-        if validate_fn is not None and cfg.val_every > 0 and (done % cfg.val_every == 0 or last):
-            with timed(metrics, "validate"):
-                metrics.update(validate_fn(done))
-        metrics["step"] = float(done)
+        val_metrics: Metrics = {}
+        if validating and (done % cfg.val_every == 0 or last):
+            with timer.time("validate"):
+                val_metrics = validate_fn(done)
         metrics["epoch"] = float(prompts.epoch)
-        history.append(record(logger, metrics, done))
+        metrics.update(timer.pop())
+        history.append(record(logger, metrics, val_metrics, done))
         if checkpointer is not None and checkpointer.should_save(done, last):
-            with timed(metrics, "checkpoint"):
-                checkpointer.save(done, policy, {"data": prompts.state_dict(), "history": history, "metrics": latest_metrics(history)})
+            state = {"data": prompts.state_dict(), "history": history, "metrics": latest_metrics(history)}
+            checkpointer.save(done, policy, state)
     return history
 
 
@@ -88,47 +95,44 @@ def grpo_step(
     generation: GenerationBackend,
     tokenizer: Any,
     prompts: PromptStream,
-    environments: Mapping[str, Environment],
+    environments: Mapping[str, Environment] | Environment,
     *,
     step: int,
     seed: int,
+    timer: Timer,
 ) -> Metrics:
-    """One GRPO step (0-based ``step``); returns its metrics."""
+    """One GRPO step (0-based ``step``); returns its metrics (phase times are left in ``timer``)."""
     from rl_algorithms.rollout import episodes_to_batch
 
     metrics: Metrics = {}
-    start = time.perf_counter()
-    with timed(metrics, "generate"):
+    with timer.time("generate"):
         episodes, rollout_metrics = generate_rollouts(cfg, generation, tokenizer, prompts, environments, step=step, seed=seed)
     metrics.update(rollout_metrics)
-    metrics["throughput/generated_tokens_per_s"] = metrics["generated_tokens"] / max(metrics["time/generate"], 1e-9)
+    metrics["throughput/generated_tokens_per_s"] = metrics["generated_tokens"] / max(timer.peek()["generate"], 1e-9)
     if cfg.placement == "colocated":
         generation.sleep()
 
+    trained = False
     if episodes:
         batch = episodes_to_batch(episodes, tokenizer.pad_token_id)
-        with timed(metrics, "logprobs"):
+        with timer.time("logprobs"):
             compute_prev_and_ref_logprobs(policy, batch, cfg.temperature, need_reference=loss_cfg.needs_reference)
         metrics.update({f"mismatch/{k}": v for k, v in
                         mismatch_metrics(batch["prev_logprobs"], batch["gen_logprobs"], loss_token_mask(batch)).items()})
-        with timed(metrics, "advantages"):
+        with timer.time("advantages"):
             metrics.update(compute_rewards_and_advantages(episodes, batch, cfg, loss_cfg))
         if has_learning_signal(batch, loss_cfg) or not cfg.skip_steps_without_signal:
-            with timed(metrics, "train"):
+            with timer.time("train"):
                 metrics.update(train_on_batch(policy, batch, loss_fn, cfg, step=step, seed=seed))
-            metrics["throughput/train_tokens_per_s"] = float(batch["attention_mask"].sum()) / max(metrics["time/train"], 1e-9)
-            metrics["train/skipped"] = 0.0
-        else:
-            metrics["train/skipped"] = 1.0
-    else:
-        metrics["train/skipped"] = 1.0
+            metrics["throughput/train_tokens_per_s"] = float(batch["attention_mask"].sum()) / max(timer.peek()["train"], 1e-9)
+            trained = True
+    metrics["skipped"] = 0.0 if trained else 1.0
 
     if cfg.placement == "colocated":
         generation.wake()
-    if metrics["train/skipped"] == 0.0:
-        with timed(metrics, "refit"):
+    if trained:
+        with timer.time("refit"):
             refit(policy, generation)
-    metrics["time/step"] = time.perf_counter() - start
     return metrics
 
 
@@ -167,7 +171,7 @@ def train_on_batch(policy: TrainingBackend, batch: Batch, loss_fn: LossFn, cfg: 
             for key, value in policy.train(select(batch, order[i:i + per]), loss_fn, temperature=cfg.temperature).items():
                 totals[key] += float(value)
             calls += 1
-    return {f"train/{key}": value / calls for key, value in totals.items()}
+    return {key: value / calls for key, value in totals.items()}
 
 
 def refit(policy: TrainingBackend, generation: GenerationBackend) -> None:
@@ -192,10 +196,17 @@ def maybe_resume(
     return int(state["step"]), list(state["history"])
 
 
-def record(logger: MetricsSink | None, metrics: Metrics, step: int) -> Metrics:
+def record(logger: MetricsSink | None, train_metrics: Metrics, val_metrics: Metrics, step: int) -> Metrics:
+    """Log one step's metrics as ``train/*`` and ``val/*``; returns them merged with those names."""
     if logger is not None:
-        logger.log(metrics, step)
-    return metrics
+        if train_metrics:
+            logger.log(train_metrics, step, prefix="train")
+        if val_metrics:
+            logger.log(val_metrics, step, prefix="val")
+    merged = {f"train/{k}": float(v) for k, v in train_metrics.items()}
+    merged.update({f"val/{k}": float(v) for k, v in val_metrics.items()})
+    merged["step"] = float(step)
+    return merged
 
 
 def latest_metrics(history: list[Metrics]) -> Metrics:
@@ -205,13 +216,3 @@ def latest_metrics(history: list[Metrics]) -> Metrics:
         out.update({k: v for k, v in metrics.items() if k.startswith("val/")})
     out.update(history[-1])
     return out
-
-
-@contextmanager
-def timed(metrics: Metrics, phase: str):
-    """Add the wall time of the block to ``metrics['time/<phase>']``."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        metrics[f"time/{phase}"] = metrics.get(f"time/{phase}", 0.0) + time.perf_counter() - start

@@ -84,7 +84,7 @@ def compute_rewards_and_advantages(episodes: Sequence[Any], batch: Batch, cfg: G
         before = rewards
         rewards = kl_penalized_rewards(rewards, batch["prev_logprobs"], batch["ref_logprobs"], mask,
                                        loss_cfg.kl_coef, loss_cfg.kl_estimator)
-        metrics["reward/kl_penalty"] = float((before - rewards).mean())
+        metrics["reward_kl_penalty"] = float((before - rewards).mean())
 
     adv_cfg = cfg.advantage
     if adv_cfg.estimator == "grpo":
@@ -107,25 +107,16 @@ def compute_rewards_and_advantages(episodes: Sequence[Any], batch: Batch, cfg: G
     metrics["advantage/nonzero_fraction"] = float(((adv_tokens != 0).float() * token_mask).sum() / token_mask.sum().clamp(min=1))
     metrics["valid_fraction"] = float(sample_mask.mean())
     if cfg.dapo.overlong_buffer_length is not None:
-        metrics["reward/shaped_mean"] = float(rewards.mean())
+        metrics["reward_shaped_mean"] = float(rewards.mean())
     return metrics
 
 
 def episode_metrics(episodes: Sequence[Any]) -> dict[str, float]:
-    """Reward (and per component), accuracy, length and truncation statistics of the raw episodes."""
-    rewards = torch.tensor([float(ep.reward) for ep in episodes], dtype=torch.float64)
-    lengths = response_lengths(episodes).double()
-    metrics = {
-        "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std()) if len(episodes) > 1 else 0.0,
-        "response_length/mean": float(lengths.mean()),
-        "response_length/max": float(lengths.max()),
-        "truncated_fraction": sum(bool(ep.truncated) for ep in episodes) / len(episodes),
-        "env_error_fraction": sum(bool(ep.env_error) for ep in episodes) / len(episodes),
-        "num_turns/mean": sum(int(getattr(ep, "num_turns", 1)) for ep in episodes) / len(episodes),
-    }
-    for name, values in reward_components(episodes).items():
-        metrics[f"reward/{name}"] = float(values.mean())
+    """Reward (and per component), length, turn and truncation statistics of the raw episodes, plus
+    ``accuracy`` (the mean ``correct`` component) when the environment reports one."""
+    from rl_algorithms.rollout import rollout_metrics
+
+    metrics = rollout_metrics(episodes)
     if "reward/correct" in metrics:
         metrics["accuracy"] = metrics["reward/correct"]
     return metrics

@@ -57,7 +57,7 @@ def generate_rollouts(
     generation: GenerationBackend,
     tokenizer: Any,
     prompts: PromptStream,
-    environments: Mapping[str, Environment],
+    environments: Mapping[str, Environment] | Environment,
     *,
     step: int,
     seed: int,

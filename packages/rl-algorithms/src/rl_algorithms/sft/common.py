@@ -8,14 +8,15 @@ takes one optimizer step per batch, validates every ``val_every`` steps and chec
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Protocol, TypeVar
 
 from rl_algorithms.checkpointing import CheckpointManager
 from rl_algorithms.data.sampler import EpochSampler
-from rl_algorithms.grpo.loop import MetricsSink, latest_metrics, record, timed
 from rl_core.batch import Batch
-from rl_core.protocols import TrainingBackend
+from rl_core.protocols import GenerationBackend, TrainingBackend
 from rl_core.types import Normalizer
 
 log = logging.getLogger(__name__)
@@ -23,8 +24,49 @@ log = logging.getLogger(__name__)
 Metrics = dict[str, float]
 T = TypeVar("T")
 
-__all__ = ["Metrics", "MetricsSink", "in_chunks", "maybe_checkpoint", "maybe_resume", "normalizer_of", "prefixed",
-           "record", "run_validation", "timed", "validation_due"]
+
+
+class MetricsSink(Protocol):
+    """Where step metrics go (rl_core.logging.MetricsLogger implements this)."""
+
+    def log(self, metrics: Mapping[str, float], step: int, prefix: str = "train") -> dict[str, float]: ...
+
+
+def record(logger: MetricsSink | None, metrics: Metrics, step: int) -> Metrics:
+    """Log ``metrics`` (names already prefixed: ``train/``, ``val/``, ``time/``) at ``step``; return them."""
+    if logger is not None:
+        logger.log(metrics, step, prefix="")
+    return metrics
+
+
+@contextmanager
+def timed(metrics: Metrics, phase: str) -> Iterator[None]:
+    """Add the wall time of the block to ``metrics['time/<phase>']``."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        metrics[f"time/{phase}"] = metrics.get(f"time/{phase}", 0.0) + time.perf_counter() - start
+
+
+def latest_metrics(history: list[Metrics]) -> Metrics:
+    """The last step's metrics, with the most recent value of each validation metric filled in."""
+    out: Metrics = {}
+    for metrics in history:
+        out.update({k: v for k, v in metrics.items() if k.startswith("val/")})
+    if history:
+        out.update(history[-1])
+    return out
+
+
+def refit(policy: TrainingBackend, generation: GenerationBackend) -> None:
+    """Move the policy's current weights into the generation backend."""
+    generation.update_weights(policy.named_weights())
+
+
+def step_seed(base_seed: int, step: int) -> int:
+    """The sampling seed of ``step``: a pure function, so a resumed run samples what an uninterrupted one would."""
+    return base_seed * 7919 + step * 1_000_003
 
 
 def prefixed(prefix: str, metrics: Metrics) -> Metrics:

@@ -21,3 +21,8 @@ __all__ = [
     "token_bytes_table",
     "tokenize_with_char_starts",
 ]
+
+from rl_algorithms.xtoken.config import XTokenConfig  # noqa: E402
+from rl_algorithms.xtoken.loop import teacher_scored_batch, xtoken_distill_train, xtoken_validation  # noqa: E402
+
+__all__ += ["XTokenConfig", "teacher_scored_batch", "xtoken_distill_train", "xtoken_validation"]

@@ -90,9 +90,11 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, cfg: TrainBackendConfig, o
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     # Losses are already divided by GLOBAL counts: gradients must be summed over ranks, not averaged.
+    # Plain SUM collectives (gloo has no PREMUL_SUM).
     for module in model.modules():
         if hasattr(module, "set_gradient_divide_factor"):
             module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
 
 
 def build_parallel_model(model_path: str, cfg: TrainBackendConfig, mesh: DeviceMesh, *, on_gpu: bool,

@@ -98,8 +98,12 @@ class WorkerGroup:
         env.update(env_vars or {})
         if use_ray:
             threads = torch_threads if torch_threads is not None else max(1, math.ceil(cpus_per_worker))
-            self._start_ray(worker_cls, init_args, init_kwargs, cpus_per_worker, gpus_per_worker, env, threads,
-                            startup_timeout_s, pg_timeout_s)
+            try:
+                self._start_ray(worker_cls, init_args, init_kwargs, cpus_per_worker, gpus_per_worker, env,
+                                threads, startup_timeout_s, pg_timeout_s)
+            except BaseException:
+                self.shutdown()  # the caller gets no handle: free the actors and the placement group now
+                raise
         else:
             self._start_local(worker_cls, init_args, init_kwargs, env, torch_threads, pg_timeout_s)
 
@@ -158,7 +162,9 @@ class WorkerGroup:
 
         state = _LocalProcessGroup
         if state.users == 0:
-            state.saved_env = {k: os.environ.get(k) for k in (*env, *_RANK_ENV_KEYS)}
+            state.saved_env = {}
+        for key in (*env, *_RANK_ENV_KEYS):  # restored when the last in-process group shuts down
+            state.saved_env.setdefault(key, os.environ.get(key))
         self._local = RankRuntime()
         self._local.setup(0, 1, 0, 1, "127.0.0.1", free_port(), env, threads, pg_timeout_s, init_process_group=False)
         if not dist.is_initialized():

@@ -1,0 +1,64 @@
+"""Config-driven evaluation: resolve the model, build the backend once, evaluate every dataset,
+print summary lines and write the JSON report."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rl_core.config import config_to_dict
+
+from rl_eval.config import EvalConfig
+from rl_eval.data import default_dataset_name, load_eval_dataset
+from rl_eval.errors import EvalError
+from rl_eval.models import build_backend, hf_model_dir, load_tokenizer
+from rl_eval.runner import EvalReport, evaluate
+
+
+def run_eval(cfg: EvalConfig, *, print_fn=print) -> list[EvalReport]:
+    """Evaluate ``cfg.model`` on each of ``cfg.datasets``; returns one report per dataset."""
+    from rl_environments.registry import build_environment
+
+    datasets = [(d, d.name or default_dataset_name(d.data), load_eval_dataset(d.data)) for d in cfg.datasets]
+    model_name = cfg.model_name or Path(cfg.model.rstrip("/")).name
+    reports = []
+    with hf_model_dir(cfg.model) as model_dir:
+        tokenizer = load_tokenizer(model_dir)
+        backend = build_backend(cfg.backend, model_dir, dtype=cfg.dtype, device=cfg.device,
+                                max_batch_size=cfg.max_batch_size)
+        try:
+            for dcfg, name, samples in datasets:
+                grader_cfg = dcfg.grader_config()
+                try:
+                    grader = build_environment(grader_cfg.name, **grader_cfg.kwargs)
+                except (KeyError, TypeError, ValueError) as e:
+                    raise EvalError(f"dataset {name}: grader {grader_cfg.name!r}: {e}") from None
+                report = evaluate(backend, tokenizer, samples, grader, cfg.sampling.params(), cfg.k_values,
+                                  model_name=model_name, dataset_name=name, answer_format=grader_cfg.voting_format(),
+                                  greedy=cfg.greedy, batch_size=cfg.batch_size, prompt_template=dcfg.prompt_template,
+                                  progress=cfg.progress)
+                if hasattr(grader, "close"):
+                    grader.close()
+                for line in report.summary_lines():
+                    print_fn(line)
+                reports.append(report)
+        finally:
+            backend.shutdown()
+    if cfg.report_path:
+        write_report(cfg.report_path, cfg, reports)
+    return reports
+
+
+def write_report(path: str | os.PathLike, cfg: EvalConfig | None, reports: list[EvalReport]) -> None:
+    """The JSON report (config, summary lines, metrics and per-item results), written atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "config": config_to_dict(cfg) if cfg is not None else None,
+        "summary": [line for r in reports for line in r.summary_lines()],
+        "results": [r.to_dict() for r in reports],
+    }
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
