@@ -159,7 +159,7 @@ def test_shutdown_frees_actors_and_placement_group(ray_session):
     import ray
     from ray.util import placement_group_table
 
-    group = WorkerGroup(SumWorker, 2, init_args=(0.0,), name="freed")
+    group = WorkerGroup(SumWorker, 1, init_args=(0.0,), name="freed")
     actors, pg = list(group._actors), group._placement_group
     group.shutdown()
     group.shutdown()

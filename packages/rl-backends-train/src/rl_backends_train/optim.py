@@ -10,7 +10,7 @@ from torch import nn
 from rl_backends_train.config import OptimizerConfig, SchedulerConfig
 
 # Parameters Muon must not touch even when 2-D: token embeddings and output heads.
-_NOT_MUON = ("embed_tokens", "lm_head", "score")
+_NOT_MUON = ("embed_tokens", "lm_head", "score", "word_embeddings", "output_layer")
 DEFAULT_MUON_LR = 0.02
 
 

@@ -21,3 +21,12 @@ __all__ = [
     "mismatch_per_token",
     "reduce_loss",
 ]
+
+# SFT, DPO, reward-model and distillation losses (issue 7).
+from rl_algorithms.losses.bradley_terry import BradleyTerryLoss  # noqa: E402
+from rl_algorithms.losses.distill_kl import DistillationKLLoss, topk_kl  # noqa: E402
+from rl_algorithms.losses.dpo import DPOLoss  # noqa: E402
+from rl_algorithms.losses.nll import NLLLoss  # noqa: E402
+from rl_algorithms.losses.xtoken_kl import CrossTokenizerKLLoss, project_probs  # noqa: E402
+
+__all__ += ["BradleyTerryLoss", "CrossTokenizerKLLoss", "DPOLoss", "DistillationKLLoss", "NLLLoss", "project_probs", "topk_kl"]

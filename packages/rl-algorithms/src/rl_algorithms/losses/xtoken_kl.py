@@ -3,7 +3,7 @@ vocabulary, at aligned positions, plus cross-entropy on the data.
 
 At student position i aligned with teacher position j (both next tokens start at the same character,
 see :mod:`rl_algorithms.xtoken.alignment`), the student's full softmax q [V_s] is projected to the
-teacher's vocabulary, ``P(v) = sum_{s -> v} q(s)`` (:mod:`rl_algorithms.xtoken.projection`), read at the
+teacher's vocabulary, ``P(v) = sum_{s -> v} q(s)`` (:mod:`rl_algorithms.xtoken.projection` builds the map), read at the
 teacher's top-k tokens and re-normalised over them, as is the teacher's top-k. Then::
 
     L = kl_coef * sum_{aligned} KL_t / N_tokens  +  ce_coef * sum_t -logpi_student,t mask_t / N_tokens
@@ -21,9 +21,17 @@ import torch
 
 from rl_algorithms.losses.distill_kl import KLType, topk_kl
 from rl_algorithms.losses.masking import loss_token_mask
-from rl_algorithms.xtoken.projection import project_probs
 from rl_core.batch import Batch
 from rl_core.types import ModelOutputs, Normalizer
+
+
+def project_probs(student_probs: torch.Tensor, student_to_teacher: torch.Tensor, teacher_vocab_size: int) -> torch.Tensor:
+    """Sum the student's probability mass into the teacher tokens it maps to (differentiable)."""
+    mapping = student_to_teacher.to(student_probs.device)
+    vocab = min(student_probs.shape[-1], mapping.shape[0])  # logits may be padded past the tokenizer
+    mapped = (mapping[:vocab] >= 0).nonzero(as_tuple=True)[0]
+    out = student_probs.new_zeros(*student_probs.shape[:-1], teacher_vocab_size)
+    return out.index_add(-1, mapping[mapped], student_probs[..., mapped])
 
 
 @dataclass

@@ -21,7 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
+from rl_algorithms.losses.xtoken_kl import project_probs
 from rl_algorithms.xtoken.token_bytes import special_token_ids, token_bytes_table
+
+__all__ = ["VocabProjection", "build_vocab_projection", "project_probs"]
 
 
 @dataclass
@@ -38,15 +41,6 @@ class VocabProjection:
     def project(self, student_probs: torch.Tensor) -> torch.Tensor:
         """``[N, V_student]`` probabilities -> ``[N, teacher_vocab_size]`` projected probabilities."""
         return project_probs(student_probs, self.student_to_teacher, self.teacher_vocab_size)
-
-
-def project_probs(student_probs: torch.Tensor, student_to_teacher: torch.Tensor, teacher_vocab_size: int) -> torch.Tensor:
-    """Sum the student's probability mass into the teacher tokens it maps to (differentiable)."""
-    mapping = student_to_teacher.to(student_probs.device)
-    vocab = min(student_probs.shape[-1], mapping.shape[0])  # logits may be padded past the tokenizer
-    mapped = (mapping[:vocab] >= 0).nonzero(as_tuple=True)[0]
-    out = student_probs.new_zeros(*student_probs.shape[:-1], teacher_vocab_size)
-    return out.index_add(-1, mapping[mapped], student_probs[..., mapped])
 
 
 def build_vocab_projection(student_tokenizer, teacher_tokenizer) -> VocabProjection:

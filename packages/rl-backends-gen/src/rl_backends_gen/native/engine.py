@@ -247,7 +247,7 @@ class _GenerateCall:
         slots_t = torch.tensor(slots, device=device)
         row_of_slot_t = torch.tensor(row_of_slot, device=device)
         positions = torch.arange(width, device=device).expand(len(prompt_indices), width)
-        step = PrefillStep(self.cache, slots_t, row_of_slot_t)
+        step = PrefillStep(self.cache, slots_t, row_of_slot_t, width)
         hidden = engine._forward(input_ids.to(device), positions, step)  # [P, L, hidden]
         last = torch.tensor(lengths, device=device) - 1
         logits = engine._logits(hidden[torch.arange(len(lengths), device=device), last])  # [P, V]

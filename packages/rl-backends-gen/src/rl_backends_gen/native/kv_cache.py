@@ -27,6 +27,7 @@ class KVCache:
         self.num_layers, self.dtype, self.device = num_layers, dtype, device
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        self.clean_length = 0
         self.allocate()
 
     @property
@@ -42,12 +43,30 @@ class KVCache:
         return bool(self.keys)
 
     def allocate(self) -> None:
-        # torch.empty: on CPU the pages are only committed when a row is actually written.
+        # torch.empty: on CPU the pages are only committed when they are first written.
         self.keys = [torch.empty(self.shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
         self.values = [torch.empty(self.shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        self.clean_length = 0
 
     def free(self) -> None:
         self.keys, self.values = [], []
+        self.clean_length = 0
+
+    def ensure_clean(self, length: int) -> None:
+        """Make positions ``:length`` of every row finite.
+
+        A decode step attends over ``[:R, :, :L]`` and masks what a row has not written; masking
+        zeroes the weight of a key, but ``0 * NaN`` is still NaN, so never-written memory must not
+        hold NaN/inf. Positions are zeroed once, the first time any step reaches them; after that
+        they only ever hold real (finite) keys and values of earlier rows. Every step calls this
+        before it writes, so written positions are always below ``clean_length`` and zeroing never
+        touches live data.
+        """
+        if length <= self.clean_length:
+            return
+        for buffer in self.keys + self.values:
+            buffer[:, :, self.clean_length : length].zero_()
+        self.clean_length = length
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
@@ -65,8 +84,9 @@ class PrefillStep:
     prompt share that prompt's prefill). ``slots`` [A]: the destination slots.
     """
 
-    def __init__(self, cache: KVCache, slots: torch.Tensor, row_of_slot: torch.Tensor):
+    def __init__(self, cache: KVCache, slots: torch.Tensor, row_of_slot: torch.Tensor, width: int):
         self.cache, self.slots, self.row_of_slot = cache, slots, row_of_slot
+        cache.ensure_clean(width)  # before any write: every written position stays below clean_length
 
     def attend(self, layer: int, query, key, value, scaling: float) -> torch.Tensor:
         length = key.shape[2]
@@ -86,6 +106,7 @@ class DecodeStep:
         self.positions = positions
         self.rows = torch.arange(positions.shape[0], device=positions.device)
         self.length = int(positions.max()) + 1
+        cache.ensure_clean(self.length)
         # [R, 1, 1, L] True where the key position is already written for that row.
         keep = torch.arange(self.length, device=positions.device)[None, :] <= positions[:, None]
         self.mask = keep[:, None, None, :]

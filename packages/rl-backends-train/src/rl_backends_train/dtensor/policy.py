@@ -18,11 +18,13 @@ from rl_backends_train.dtensor.worker import DTensorWorker
 class DTensorPolicy:
     """A model sharded over ``cfg.num_workers`` ranks (data parallel x tensor parallel)."""
 
+    worker_cls: type = DTensorWorker
+
     def __init__(self, cfg: TrainBackendConfig, model_path: str, *, seed: int = 0, name: str = "policy") -> None:
         self.cfg = cfg
         self.model_path = model_path
         self.group = WorkerGroup(
-            DTensorWorker,
+            self.worker_cls,
             cfg.num_workers,
             init_kwargs={"cfg": cfg, "model_path": model_path, "seed": seed},
             cpus_per_worker=cfg.cpus_per_worker,

@@ -88,6 +88,7 @@ class DTensorWorker:
                 for key, value in metrics.items():
                     sums[key] += float(value)
             loss.backward()
+        self._reduce_gradients()
         grad_norm = clip_grad_norm(self.trainable, self.cfg.max_grad_norm)
         lrs = [opt.param_groups[0]["lr"] for opt in self.optimizers]
         for opt, sched in zip(self.optimizers, self.schedulers):
@@ -209,8 +210,7 @@ class DTensorWorker:
 
             shutil.rmtree(staging)
         dist.barrier()
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizers)
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(staging / "dcp"))
+        dcp.save(self._checkpoint_state(), checkpoint_id=str(staging / "dcp"))
         state_dir = staging / "trainer_state"
         state_dir.mkdir(parents=True, exist_ok=True)
         torch.save(
@@ -240,10 +240,9 @@ class DTensorWorker:
         if meta["task"] != self.cfg.task or (meta["lora"] is None) != (self.cfg.lora is None):
             raise ValueError(f"{path}: saved with task={meta['task']!r}, lora={meta['lora']}; this backend has "
                              f"task={self.cfg.task!r}, lora={self.cfg.lora}")
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizers)
-        state = {"model": model_sd, "optimizer": optim_sd}
+        state = self._checkpoint_state()
         dcp.load(state, checkpoint_id=str(Path(path) / "dcp"))
-        set_state_dict(self.model, self.optimizers, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        self._restore_checkpoint_state(state)
         rank_file = Path(path) / "trainer_state" / f"rank_{self.rank}.pt"
         if not rank_file.exists():  # saved with fewer ranks: take rank 0's schedule and step
             rank_file = rank_file.with_name("rank_0.pt")
@@ -259,6 +258,17 @@ class DTensorWorker:
         self.optimizers = self.schedulers = []
 
     # ------------------------------------------------------------------------------------- helpers
+
+    def _reduce_gradients(self) -> None:
+        """Nothing to do: FSDP2 reduce-scatters (sums) gradients over "dp" during backward."""
+
+    def _checkpoint_state(self) -> dict:
+        """What DCP saves / loads into: ``{"model": {hf_name: tensor}, "optimizer": ...}``."""
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizers)
+        return {"model": model_sd, "optimizer": optim_sd}
+
+    def _restore_checkpoint_state(self, state: dict) -> None:
+        set_state_dict(self.model, self.optimizers, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
     def _micro_batches(self, local: Batch) -> list[MicroBatch]:
         """This rank's micro-batches, topped up with dummies so every rank runs as many forwards

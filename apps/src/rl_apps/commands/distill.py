@@ -1,0 +1,125 @@
+"""``rl distill``: on-policy distillation from a frozen teacher that shares the student's tokenizer.
+
+The student samples with the generation backend, the teacher (a second training backend that is never
+trained: learning rate 0) gives its top-k logits on those samples, the student takes one step on the
+top-k KL, and its new weights are refitted into the generation backend.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from rl_algorithms.checkpointing import CheckpointConfig
+from rl_algorithms.data import DataError, PromptDataConfig, SyntheticDataConfig, load_prompt_dataset, pad_token_id_of
+from rl_algorithms.distill import DistillConfig, distill_train
+from rl_apps import recipe_path
+from rl_apps.commands.sft import build_backend, dataset_paths, export, fail, open_run, report_loaded, resolve_with_tokenizer
+from rl_backends_train import TrainBackendConfig
+from rl_core.cluster import ClusterConfig
+from rl_core.config import StrictModel
+from rl_core.logging import LoggerConfig
+from rl_core.seed import set_seed
+
+
+def _generation_config_class():
+    from rl_backends_gen import GenerationConfig
+
+    return GenerationConfig
+
+
+class TeacherConfig(StrictModel):
+    """The frozen teacher: a model and the backend it runs on (its optimizer is never stepped usefully: lr 0)."""
+
+    model: str = "tiny-qwen2"
+    """A model name or a local HF directory."""
+    backend: TrainBackendConfig = Field(default_factory=TrainBackendConfig)
+    """Sharding and dtype of the teacher; its optimizer, LoRA and reference settings are ignored."""
+
+    def frozen_backend(self) -> TrainBackendConfig:
+        optimizer = self.backend.optimizer.model_copy(update={"lr": 0.0})
+        return self.backend.model_copy(update={"optimizer": optimizer, "lora": None, "reference_model": False,
+                                               "task": "causal_lm"})
+
+
+class DistillRunConfig(StrictModel):
+    """Everything ``rl distill`` needs."""
+
+    model: str = "tiny-llama"
+    """The student: a model name (``smollm2-135m-instruct``, ``tiny-llama``, ``tiny-qwen2``) or an HF directory."""
+    output_dir: str = "runs/distill"
+    seed: int = 0
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    policy: TrainBackendConfig = Field(default_factory=TrainBackendConfig)
+    """The student's training backend."""
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    generation: dict = Field(default_factory=dict)
+    """The student's generation backend (``rl_backends_gen.GenerationConfig``; validated when the run starts)."""
+    data: PromptDataConfig = Field(default_factory=PromptDataConfig)
+    synthetic_data: SyntheticDataConfig | None = None
+    """Generate arithmetic prompts into ``<output_dir>/data`` instead of reading ``data.train_path``."""
+    distill: DistillConfig = Field(default_factory=DistillConfig)
+    logger: LoggerConfig = Field(default_factory=LoggerConfig)
+    checkpointing: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    export_hf: bool = True
+    """Write the final student as an HF directory to ``<output_dir>/hf``."""
+
+
+CONFIG_CLASS = DistillRunConfig
+DEFAULT_RECIPE = recipe_path("distill_tiny.yaml")
+
+
+def run(cfg: DistillRunConfig) -> int:
+    from rl_backends_gen import build_generation_backend
+
+    set_seed(cfg.seed)
+    out = Path(cfg.output_dir)
+    student_path, tokenizer = resolve_with_tokenizer(cfg.model)
+    teacher_path, teacher_tokenizer = resolve_with_tokenizer(cfg.teacher.model)
+    if tokenizer.get_vocab() != teacher_tokenizer.get_vocab():
+        return fail("distill", ValueError(
+            f"the teacher {cfg.teacher.model!r} and the student {cfg.model!r} use different tokenizers; "
+            "use `rl xtoken-distill` for cross-tokenizer distillation"))
+    vocab_size = logits_width(student_path)
+    if logits_width(teacher_path) > vocab_size:
+        return fail("distill", ValueError("the teacher's vocabulary is wider than the student's logits"))
+    try:
+        train_path, val_path = dataset_paths(cfg.data, cfg.synthetic_data, "prompts", out)
+        train = load_prompt_dataset(train_path, cfg.data, tokenizer)
+        val = load_prompt_dataset(val_path, cfg.data, tokenizer) if val_path else None
+    except DataError as e:
+        return fail("distill", e)
+    report_loaded(train.report, val.report if val else None)
+    generation_cfg = _generation_config_class().model_validate(cfg.generation)
+
+    with open_run(cfg, out, cfg.distill.max_steps) as (logger, checkpointer):
+        student = build_backend(cfg.policy.model_copy(update={"reference_model": False}), student_path, cfg.cluster,
+                                seed=cfg.seed)
+        teacher = generation = None
+        try:
+            teacher = build_backend(cfg.teacher.frozen_backend(), teacher_path, cfg.cluster, seed=cfg.seed, name="teacher")
+            generation = build_generation_backend(generation_cfg, student_path)
+            distill_train(cfg.distill, student, teacher, generation, train.items,
+                          pad_token_id=pad_token_id_of(tokenizer), stop_token_ids=stop_tokens(tokenizer),
+                          val_prompts=val.items if val else None, vocab_size=vocab_size, logger=logger,
+                          checkpointer=checkpointer, seed=cfg.seed)
+            if cfg.export_hf:
+                export(student, out, lora=cfg.policy.lora is not None)
+        finally:
+            for backend in (generation, teacher, student):
+                if backend is not None:
+                    backend.shutdown()
+    return 0
+
+
+def logits_width(model_path: str) -> int:
+    """The model's output vocabulary size (may exceed the tokenizer's length)."""
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(model_path).vocab_size)
+
+
+def stop_tokens(tokenizer) -> tuple[int, ...]:
+    return tuple(t for t in [tokenizer.eos_token_id] if t is not None)
+

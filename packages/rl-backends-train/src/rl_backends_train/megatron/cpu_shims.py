@@ -1,0 +1,59 @@
+"""The shims megatron-core 0.16 needs to run a GPTModel forward/backward without CUDA.
+
+Applied only when CUDA is absent (``apply_cpu_shims`` is a no-op on a GPU machine):
+
+1. ``GlobalMemoryBuffer.get_tensor`` allocates on ``torch.cuda.current_device()``; the shim
+   allocates on the CPU instead.
+2. The CUDA RNG tracker's ``fork`` saves/restores CUDA RNG state around dropout in
+   tensor-parallel regions; the shim makes it an empty context (no dropout in our models; with
+   TP=1 there is no parallel region whose RNG streams must differ).
+3. ``RotaryEmbedding.get_emb`` moves ``inv_freq`` to ``torch.cuda.current_device()`` on first use
+   (the two shims in ARCHITECTURE.md were measured without RoPE); the shim leaves it on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from functools import reduce
+
+import torch
+
+_applied = False
+
+
+def apply_cpu_shims() -> bool:
+    """Patch megatron-core for CPU use when CUDA is unavailable. Returns whether shims are active."""
+    global _applied
+    if torch.cuda.is_available():
+        return False
+    if _applied:
+        return True
+    from megatron.core import utils as mcore_utils
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    def get_tensor_on_cpu(self, tensor_shape, dtype, name, mem_alloc_context=None):
+        required = reduce(operator.mul, tensor_shape, 1)
+        current = self.buffer.get((name, dtype))
+        if current is None or current.numel() < required:
+            self.buffer[(name, dtype)] = torch.empty(required, dtype=dtype, device="cpu", requires_grad=False)
+        return self.buffer[(name, dtype)][0:required].view(*tensor_shape)
+
+    @contextlib.contextmanager
+    def fork_without_cuda(self, name="model-parallel-rng"):
+        yield
+
+    def rope_emb_on_cpu(self, max_seq_len: int, offset: int = 0):
+        freqs = self.get_freqs_non_repeated(max_seq_len, offset)  # [seq, dim / 2]
+        if self.rotary_interleaved:
+            emb = torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1).view(freqs.shape[0], -1)
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)
+        return emb[:, None, None, :]  # [seq, 1, 1, dim]
+
+    mcore_utils.GlobalMemoryBuffer.get_tensor = get_tensor_on_cpu
+    RotaryEmbedding.get_emb = rope_emb_on_cpu
+    mcore_random.CudaRNGStatesTracker.fork = fork_without_cuda
+    _applied = True
+    return True

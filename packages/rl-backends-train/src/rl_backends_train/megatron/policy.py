@@ -1,0 +1,16 @@
+"""The driver side of the Megatron-core backend (same operations as DTensorPolicy)."""
+
+from __future__ import annotations
+
+from rl_backends_train.dtensor.policy import DTensorPolicy
+from rl_backends_train.megatron.worker import MegatronWorker, check_megatron_config
+
+
+class MegatronPolicy(DTensorPolicy):
+    """A megatron-core GPTModel per rank (TP = PP = 1, data parallel over ranks)."""
+
+    worker_cls = MegatronWorker
+
+    def __init__(self, cfg, model_path: str, *, seed: int = 0, name: str = "policy") -> None:
+        check_megatron_config(cfg)  # fail in the driver, before any worker starts
+        super().__init__(cfg, model_path, seed=seed, name=name)
