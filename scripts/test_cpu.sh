@@ -3,7 +3,8 @@
 #
 #   bash scripts/test_cpu.sh [extra pytest arguments]
 #
-# GPU tests (-m gpu) and vLLM tests (-m vllm, see `nox -s vllm_cpu`) are left out.
+# GPU tests (-m gpu) and vLLM tests (-m vllm, see `nox -s vllm_cpu`) are left out. A later -m wins,
+# e.g. `bash scripts/test_cpu.sh -m "not gpu and not vllm and not slow"` also skips the slow tests.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -8,7 +8,13 @@ import time
 
 import pytest
 import torch
-from rl_algorithms.rollout import ChatTokens, TemplateNotAppendOnlyError, episodes_to_batch, rollout_metrics, run_rollouts
+from rl_algorithms.rollout import (
+    ChatTokens,
+    TemplateNotAppendOnlyError,
+    episodes_to_batch,
+    rollout_metrics,
+    run_rollouts,
+)
 from rl_core.types import PromptSample, SamplingParams, StepResult
 from rl_environments import (
     ArithmeticDatasetConfig,
@@ -87,8 +93,8 @@ def check_episode_tokens(episode, backend: RecordingBackend, tokenizer) -> None:
         matches = [c for prompts, _, result in backend.calls for p, group in zip(prompts, result)
                    if p == prefix for c in group if c.token_ids[: len(generated)] == generated]
         assert matches, f"turn {t} of episode {episode.group_id}/{episode.sample_index} was not generated"
-        completion = matches[0]
-        assert episode.gen_logprobs[start:end] == completion.logprobs[: len(generated)]
+        # Exactly the logprobs of that completion (greedy twins in one call may differ in the last bits).
+        assert any(episode.gen_logprobs[start:end] == c.logprobs[: len(generated)] for c in matches)
         next_start = turns[t + 1][0] if t + 1 < len(turns) else len(episode.token_ids)
         between = episode.token_ids[end:next_start]
         if t + 1 < len(turns):
@@ -350,6 +356,6 @@ def test_multi_turn_tool_use_with_a_trained_model(scripted, tokenizer):
         assert not episode.truncated and not episode.env_error
     # The tool call ended at the stop string (no end-of-turn token): the template's "<|im_end|>\n" was added.
     first_turn_end = runs(tools_episode.loss_mask)[0][1]
-    assert tokenizer.decode(tools_episode.token_ids[first_turn_end - 3:first_turn_end]).endswith("</tool_call>")
+    assert tokenizer.decode(tools_episode.token_ids[first_turn_end - 12:first_turn_end]).endswith("</tool_call>")
     assert tools_episode.token_ids[first_turn_end] == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert tools_episode.loss_mask[first_turn_end] == 0

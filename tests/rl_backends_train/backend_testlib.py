@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-
 from rl_core.types import ModelOutputs, Normalizer
 
 
@@ -60,7 +59,9 @@ def make_batch(vocab: int, lengths: list[int], prompt_len: int = 2, seed: int = 
     attention = torch.zeros(len(lengths), width, dtype=torch.long)
     loss_mask = torch.zeros(len(lengths), width)
     for i, n in enumerate(lengths):
-        ids[i, :n] = torch.randint(3, vocab, (n,), generator=gen)
+        # Ids 0-3 are the tiny tokenizer's special tokens; 3 is <pad>, whose embedding HF never
+        # trains (padding_idx) while Megatron does: keep it out of real tokens.
+        ids[i, :n] = torch.randint(4, vocab, (n,), generator=gen)
         attention[i, :n] = 1
         loss_mask[i, prompt_len:n] = 1.0
     return {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from pydantic import ValidationError
-
 from rl_backends_train import TrainBackendConfig
 from rl_backends_train.batching import (
     first_fit_decreasing,
@@ -14,8 +13,8 @@ from rl_backends_train.batching import (
     pack_rows,
     plan_micro_batches,
 )
-from rl_backends_train.optim import lr_multiplier
 from rl_backends_train.config import SchedulerConfig
+from rl_backends_train.optim import lr_multiplier
 
 
 def test_config_rejects_bad_layouts():

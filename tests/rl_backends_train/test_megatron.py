@@ -7,9 +7,8 @@ import sys
 import pytest
 import torch
 from backend_testlib import MaskedNLL, make_batch
-from safetensors.torch import load_file
-
 from rl_backends_train import TrainBackendConfig, build_training_backend
+from safetensors.torch import load_file
 
 VOCAB = 500
 BASE = {"use_ray": False, "optimizer": {"lr": 1e-3, "eps": 1e-3}, "reference_model": False}
@@ -32,18 +31,12 @@ def test_unsupported_megatron_options_fail_before_start(tiny_model_dir):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_hf_to_megatron_to_hf_is_exact(family, tiny_model_dir, tiny_qwen2_dir):
+    """HF safetensors -> GPTModel parameters (fused qkv / fc1) -> named_weights in HF names."""
     pytest.importorskip("megatron.core")
-    from transformers import AutoConfig
-
-    from rl_backends_train.megatron.cpu_shims import apply_cpu_shims
-    from rl_backends_train.megatron.model import MegatronCausalLM
-
-    apply_cpu_shims()
     model_dir = tiny_model_dir if family == "llama" else tiny_qwen2_dir
     hf = load_file(f"{model_dir}/model.safetensors")
-    model = MegatronCausalLM(AutoConfig.from_pretrained(model_dir), torch.float32)
-    model.load_hf_state_dict(hf)
-    back = model.hf_state_dict()
+    with build_training_backend(TrainBackendConfig(backend="megatron", **BASE), model_dir) as megatron:
+        back = dict(megatron.named_weights())
     assert back.keys() == hf.keys()
     for name, tensor in hf.items():
         assert torch.equal(back[name], tensor), name

@@ -75,7 +75,7 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    lines = [f"  {name:<16}{spec.summary}" for name, spec in COMMANDS.items()]
+    lines = [f"  {name:<16}{spec.summary}{_availability(spec)}" for name, spec in COMMANDS.items()]
     recipes = list_recipes()
     epilog = "commands:\n" + "\n".join(lines)
     if recipes:
@@ -113,14 +113,23 @@ def _command_parser(spec: CommandSpec) -> argparse.ArgumentParser:
     return parser
 
 
+def _module_exists(spec: CommandSpec) -> bool:
+    try:
+        return importlib.util.find_spec(spec.module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+def _availability(spec: CommandSpec) -> str:
+    if _module_exists(spec):
+        return ""
+    return f" (not available yet: issue #{spec.issue})" if spec.issue is not None else " (not available yet)"
+
+
 def _import_command(spec: CommandSpec) -> ModuleType | None:
     """Import the command's module, or say clearly that it is not available yet (returns None)."""
     see = f": see issue #{spec.issue}" if spec.issue is not None else ""
-    try:
-        found = importlib.util.find_spec(spec.module)
-    except ModuleNotFoundError:  # a parent package is missing
-        found = None
-    if found is None:
+    if not _module_exists(spec):
         print(f"`rl {spec.name}` is not available yet{see}", file=sys.stderr)
         return None
     module = importlib.import_module(spec.module)

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from rl_core.batch import Batch, select, trim_padding
 from rl_core.types import Normalizer
 

@@ -16,7 +16,7 @@ from rl_checkpoint.sources import (
 )
 
 DEFAULT_SHARD_BYTES = 2 << 30
-DEFAULT_READ_GROUP_BYTES = 256 << 20
+DEFAULT_READ_GROUP_BYTES = 64 << 20
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
 

@@ -10,6 +10,7 @@ Non-tensor entries (optimizer hyper-parameters, Megatron ``_extra_state``) are p
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import warnings
 from pathlib import Path
@@ -103,15 +104,22 @@ class DCPReader:
         info = self.infos[name]
         if not info.shape:  # a scalar is one chunk
             return self._read_chunk(name, self._chunks[name][0][2]).reshape(())
+        chunks = self._chunks.get(name, [])
+        whole = [c for c in chunks if c[0][0] <= start and c[0][0] + c[1][0] >= stop
+                 and tuple(c[1][1:]) == tuple(info.shape[1:])]
+        if whole:  # one chunk covers the rows: no second buffer (peak memory = that chunk)
+            offsets, sizes, storage = whole[0]
+            chunk = self._read_chunk(name, storage)
+            self._check_chunk(name, chunk, sizes)
+            return chunk if (start, stop) == (offsets[0], offsets[0] + sizes[0]) else chunk[start - offsets[0]:stop - offsets[0]].clone()
         out = torch.empty((stop - start, *info.shape[1:]), dtype=info.dtype)
         filled = 0
-        for offsets, sizes, storage in self._chunks.get(name, []):
+        for offsets, sizes, storage in chunks:
             lo, hi = max(start, offsets[0]), min(stop, offsets[0] + sizes[0])
             if lo >= hi:
                 continue
             chunk = self._read_chunk(name, storage)
-            if tuple(chunk.shape) != sizes:
-                raise CheckpointError(f"{self.path}: tensor {name} chunk has shape {list(chunk.shape)}, metadata says {list(sizes)}; re-save the checkpoint")
+            self._check_chunk(name, chunk, sizes)
             index = (slice(lo - start, hi - start), *(slice(o, o + s) for o, s in zip(offsets[1:], sizes[1:])))
             out[index] = chunk[lo - offsets[0]:hi - offsets[0]]
             filled += (hi - lo) * chunk[0].numel()
@@ -122,6 +130,11 @@ class DCPReader:
                 f"{out.numel()} elements); was every rank's shard saved?"
             )
         return out
+
+    def _check_chunk(self, name: str, chunk: torch.Tensor, sizes: tuple[int, ...]) -> None:
+        if tuple(chunk.shape) != tuple(sizes) or chunk.dtype != self.infos[name].dtype:
+            raise CheckpointError(f"{self.path}: tensor {name} chunk is {list(chunk.shape)} {chunk.dtype}, the "
+                                  f"metadata says {list(sizes)} {self.infos[name].dtype}; re-save the checkpoint")
 
     def _read_chunk(self, name: str, storage) -> torch.Tensor:
         if getattr(storage, "transform_descriptors", None):
@@ -135,20 +148,53 @@ class DCPReader:
             if not data_path.is_file():
                 raise CheckpointError(f"{data_path}: data file named in the DCP metadata is missing; re-copy the checkpoint")
             file = self._files[storage.relative_path] = data_path.open("rb")
-        file.seek(storage.offset)
-        raw = file.read(storage.length)
-        if len(raw) != storage.length:
+        file_size = os.fstat(file.fileno()).st_size
+        if storage.offset + storage.length > file_size:
             raise CheckpointError(
                 f"{self.path / storage.relative_path}: truncated DCP data file (tensor {name} needs bytes "
-                f"{storage.offset}..{storage.offset + storage.length}); re-copy or re-save the checkpoint"
+                f"{storage.offset}..{storage.offset + storage.length}, file has {file_size}); "
+                "re-copy or re-save the checkpoint"
             )
         try:
-            return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+            # torch.load reads the records straight from the file range into the tensor's storage
+            return torch.load(_FileSlice(file, storage.offset, storage.length), map_location="cpu", weights_only=True)
         except Exception as e:
             raise CheckpointError(
                 f"{self.path / storage.relative_path}: corrupt data for tensor {name} ({type(e).__name__}); "
                 "re-copy or re-save the checkpoint"
             ) from None
+
+
+class _FileSlice(io.RawIOBase):
+    """A read-only, seekable window ``[offset, offset + length)`` of an open binary file."""
+
+    def __init__(self, file, offset: int, length: int):
+        super().__init__()
+        self._file, self._start, self._length, self._pos = file, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        self._pos = max(0, min(self._length, base + pos))
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        size = min(len(view), self._length - self._pos)
+        if size <= 0:
+            return 0
+        self._file.seek(self._start + self._pos)
+        got = self._file.readinto(view[:size])
+        self._pos += got
+        return got
 
 
 def save_dcp(state_dict: dict, path: str | Path) -> None:

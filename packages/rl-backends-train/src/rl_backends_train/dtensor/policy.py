@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-
 from rl_core.batch import Batch, batch_size, select
 from rl_core.cluster import WorkerGroup
 from rl_core.protocols import LossFn

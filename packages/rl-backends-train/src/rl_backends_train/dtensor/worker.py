@@ -15,11 +15,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
 from rl_core.batch import Batch, shard
 from rl_core.protocols import LossFn
 from rl_core.types import ModelOutputs
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rl_backends_train import checkpoint as ckpt
 from rl_backends_train.batching import (

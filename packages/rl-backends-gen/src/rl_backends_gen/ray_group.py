@@ -1,0 +1,126 @@
+"""Data-parallel generation: N replicas of one backend in Ray actors, behind the same interface.
+
+Prompts are split into contiguous slices, one per replica. Replica r receives its slice with the
+base seed shifted by the slice's start, so sample j of prompt i still uses ``(seed + i, j)``: the
+output does not depend on the number of replicas (for the native engine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from rl_backends_gen.config import GenerationConfig
+from rl_core.types import Completion, SamplingParams
+
+DEFAULT_BUCKET_BYTES = 256 * 2**20
+
+
+class GenerationReplica:
+    """What each actor holds: one in-process backend built from the config."""
+
+    def __init__(self, cfg: dict, model_path: str):
+        from rl_backends_gen.factory import build_local_backend
+
+        self.backend = build_local_backend(GenerationConfig.model_validate(cfg), model_path)
+
+    def generate(self, prompts, sampling: SamplingParams) -> list[list[Completion]]:
+        return self.backend.generate(prompts, sampling)
+
+    def update_weights(self, bucket) -> None:
+        import ray
+
+        if isinstance(bucket, ray.ObjectRef):
+            bucket = ray.get(bucket)
+        self.backend.update_weights(bucket)
+
+    def sleep(self) -> None:
+        self.backend.sleep()
+
+    def wake(self) -> None:
+        self.backend.wake()
+
+    def shutdown(self) -> None:
+        self.backend.shutdown()
+
+
+class RayGenerationGroup:
+    """A ``GenerationBackend`` that fans out over ``cfg.num_replicas`` Ray actors."""
+
+    def __init__(self, cfg: GenerationConfig, model_path: str, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        from rl_core.cluster import WorkerGroup
+
+        if cfg.num_replicas < 1:
+            raise ValueError(f"RayGenerationGroup needs generation.num_replicas >= 1, got {cfg.num_replicas}")
+        self.cfg = cfg
+        self.bucket_bytes = bucket_bytes
+        self._seed_generator = torch.Generator().manual_seed(cfg.seed) if cfg.seed is not None else None
+        self.group = WorkerGroup(
+            GenerationReplica, cfg.num_replicas, init_kwargs=dict(cfg=cfg.model_dump(), model_path=model_path),
+            cpus_per_worker=cfg.cpus_per_replica, gpus_per_worker=cfg.gpus_per_replica, name="generation",
+        )
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        from rl_backends_gen.requests import validate_sampling
+
+        validate_sampling(sampling)  # fail here, before any replica starts working
+        prompts = [p.tolist() if isinstance(p, torch.Tensor) else list(p) for p in prompts]
+        if not prompts:
+            return []
+        base_seed = sampling.seed if sampling.seed is not None else self._draw_seed()
+        slices = _split(len(prompts), self.group.world_size)
+        args = []
+        for start, end in slices:
+            replica_sampling = _with_seed(sampling, base_seed + start)
+            args.append((prompts[start:end], replica_sampling))
+        results = self.group.run_all_per_rank("generate", args)
+        return [completions for part in results for completions in part]
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Send the weights to every replica in buckets of about ``bucket_bytes`` (one ``ray.put`` each)."""
+        import ray
+
+        items = named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
+        bucket, size = [], 0
+        for name, tensor in items:
+            bucket.append((name, tensor.detach().cpu()))
+            size += tensor.numel() * tensor.element_size()
+            if size >= self.bucket_bytes:
+                self.group.run_all("update_weights", ray.put(bucket))
+                bucket, size = [], 0
+        if bucket:
+            self.group.run_all("update_weights", ray.put(bucket))
+
+    def sleep(self) -> None:
+        self.group.run_all("sleep")
+
+    def wake(self) -> None:
+        self.group.run_all("wake")
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
+
+    def _draw_seed(self) -> int:
+        from rl_backends_gen.native.sampling import fresh_base_seed
+
+        if self._seed_generator is None:
+            return fresh_base_seed()
+        return int(torch.randint(0, 2**62, (1,), generator=self._seed_generator))
+
+
+def _split(count: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous slices of ``range(count)``, sizes differing by at most one (some may be empty)."""
+    base, extra = divmod(count, parts)
+    slices, start = [], 0
+    for part in range(parts):
+        end = start + base + (1 if part < extra else 0)
+        slices.append((start, end))
+        start = end
+    return slices
+
+
+def _with_seed(sampling: SamplingParams, seed: int) -> SamplingParams:
+    import dataclasses
+
+    return dataclasses.replace(sampling, seed=seed)
