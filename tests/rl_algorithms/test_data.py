@@ -8,7 +8,6 @@ import os
 
 import pytest
 import torch
-
 from rl_algorithms.data import (
     ChatDataConfig,
     DataError,

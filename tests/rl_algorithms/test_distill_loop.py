@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from rl_algorithms.data import PromptDataConfig, load_prompt_dataset, synthetic_rows, write_jsonl
 from rl_algorithms.distill import DistillConfig, distill_train
 from rl_core.models import build_tiny_tokenizer, save_tiny_model
+from safetensors.torch import load_file, save_file
 
 
 def save_sharp_teacher(path, scale: float = 40.0, **kwargs) -> str:
     """A tiny Qwen2 whose output layer is scaled up: a peaked distribution worth distilling."""
-    save_tiny_model(path, family="qwen2", seed=1, **kwargs)
+    save_tiny_model(path, family="qwen2", seed=0, **kwargs)  # seed 0: the student's tokenizer
     weights = load_file(str(path / "model.safetensors"))
     weights["lm_head.weight"] = weights["lm_head.weight"] * scale
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})

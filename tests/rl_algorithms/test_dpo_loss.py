@@ -7,10 +7,8 @@ import pickle
 
 import pytest
 import torch
-
 from rl_algorithms.losses.dpo import DPOLoss
 from rl_algorithms.losses.masking import make_normalizer
-from rl_algorithms.losses.nll import NLLLoss
 from rl_core.batch import split
 from rl_core.types import ModelOutputs
 

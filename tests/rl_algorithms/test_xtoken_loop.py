@@ -4,18 +4,17 @@ teacher whose tokenizer is character-level; the held-out KL falls."""
 from __future__ import annotations
 
 import pytest
-from safetensors.torch import load_file, save_file
-
 from rl_algorithms.data import synthetic_rows
 from rl_algorithms.xtoken import XTokenConfig, XTokenTokenizers, build_vocab_projection, xtoken_distill_train
 from rl_core.models import build_tiny_tokenizer, save_tiny_model
+from safetensors.torch import load_file, save_file
 
 
 @pytest.fixture(scope="module")
 def char_teacher_dir(tmp_path_factory):
     """A tiny Qwen2 with the character-level tokenizer and a scaled-up (peaked) output layer."""
     path = tmp_path_factory.mktemp("char-teacher")
-    save_tiny_model(path, family="qwen2", seed=1, tokenizer_variant="char")
+    save_tiny_model(path, family="qwen2", tokenizer_variant="char")
     weights = load_file(str(path / "model.safetensors"))
     weights["lm_head.weight"] = weights["lm_head.weight"] * 40.0
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})

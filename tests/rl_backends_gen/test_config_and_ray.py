@@ -37,8 +37,6 @@ def test_split_covers_every_prompt_once():
 
 
 def test_two_ray_replicas_match_in_process(ray_session, tiny_model_dir, tiny_prompts, load_hf_model):
-    import torch
-
     cfg = GenerationConfig(max_batch_size=4, max_seq_len=128, num_replicas=2, cpus_per_replica=1)
     local = build_generation_backend(cfg.model_copy(update={"num_replicas": 0}), tiny_model_dir)
     group = build_generation_backend(cfg, tiny_model_dir)
@@ -59,6 +57,5 @@ def test_two_ray_replicas_match_in_process(ray_session, tiny_model_dir, tiny_pro
         group.sleep()
         group.wake()
         assert len(group.generate(tiny_prompts[:1], greedy)) == 1
-        del torch
     finally:
         group.shutdown()

@@ -36,13 +36,30 @@ def assert_same_step(a, b, atol=1e-6):
     torch.testing.assert_close(after_a, after_b, rtol=0, atol=1e-5)
 
 
-def test_two_fsdp_workers_equal_one_worker(ray_session, tiny_model_dir, skewed_lengths):
+def test_two_fsdp_workers_equal_one_worker_and_their_checkpoint_loads_into_one(
+        ray_session, tiny_model_dir, skewed_lengths, tmp_path):
     # Rows 0-3 (long) go to rank 0 and rows 4-7 (short) to rank 1: with packing, the ranks plan
     # different numbers of micro-batches and the short one must pad with dummies to stay in step.
-    batch = make_batch(VOCAB, skewed_lengths)
+    batch, next_batch = make_batch(VOCAB, skewed_lengths), make_batch(VOCAB, skewed_lengths, seed=1)
     single = one_step(tiny_model_dir, batch, use_ray=False, micro_batch_size=4)
-    double = one_step(tiny_model_dir, batch, num_workers=2, packing={"enabled": True, "max_tokens_per_micro_batch": 40})
+    packing = {"enabled": True, "max_tokens_per_micro_batch": 40}
+    with build_training_backend(cfg(num_workers=2, packing=packing), tiny_model_dir) as policy:
+        before = policy.logprobs(batch)
+        metrics = policy.train(batch, MaskedNLL())
+        double = (before, metrics, dict(policy.named_weights()), policy.logprobs(batch))
+        policy.save(str(tmp_path / "ckpt"))
+        expected_next = policy.train(next_batch, MaskedNLL())
+        expected_weights = dict(policy.named_weights())
     assert_same_step(single, double)
+
+    # DCP reshards the 2-rank FSDP checkpoint onto one rank.
+    with build_training_backend(cfg(use_ray=False), tiny_model_dir) as resumed:
+        assert resumed.load(str(tmp_path / "ckpt")) == 1
+        next_step = resumed.train(next_batch, MaskedNLL())
+        weights = dict(resumed.named_weights())
+    assert next_step["loss"] == pytest.approx(expected_next["loss"], rel=1e-6)
+    for name in expected_weights:
+        torch.testing.assert_close(weights[name], expected_weights[name], rtol=0, atol=1e-6, msg=name)
 
 
 def test_tensor_parallel_2_equals_1(ray_session, tiny_tp_dir, skewed_lengths):
@@ -50,22 +67,6 @@ def test_tensor_parallel_2_equals_1(ray_session, tiny_tp_dir, skewed_lengths):
     single = one_step(tiny_tp_dir, batch, use_ray=False)
     tp2 = one_step(tiny_tp_dir, batch, num_workers=2, tensor_parallel_size=2)
     assert_same_step(single, tp2, atol=1e-5)
-
-
-def test_checkpoint_of_two_workers_loads_into_one(ray_session, tiny_model_dir, skewed_lengths, tmp_path):
-    batch = make_batch(VOCAB, skewed_lengths)
-    with build_training_backend(cfg(num_workers=2), tiny_model_dir) as policy:
-        policy.train(batch, MaskedNLL())
-        policy.save(str(tmp_path / "ckpt"))
-        expected_next = policy.train(batch, MaskedNLL())
-        weights = dict(policy.named_weights())
-    with build_training_backend(cfg(use_ray=False), tiny_model_dir) as single:
-        assert single.load(str(tmp_path / "ckpt")) == 1
-        next_step = single.train(batch, MaskedNLL())
-        resumed = dict(single.named_weights())
-    assert next_step["loss"] == pytest.approx(expected_next["loss"], rel=1e-6)
-    for name in weights:
-        torch.testing.assert_close(resumed[name], weights[name], rtol=0, atol=1e-6, msg=name)
 
 
 def test_a_rank_that_raises_does_not_hang_the_driver(ray_session, tiny_model_dir, skewed_lengths):

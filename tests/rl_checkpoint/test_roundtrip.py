@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from rl_checkpoint.cli import main
 from rl_checkpoint.dcp_io import save_dcp
 from rl_checkpoint.megatron_mapping import hf_to_megatron, megatron_to_hf
@@ -40,7 +39,8 @@ def test_hf_dcp_hf_roundtrip_is_exact_and_loads(tiny_hf, tmp_path, capsys, read_
 
 def test_bare_dcp_with_and_without_prefix(tiny_model_dir, tmp_path, read_hf, same_tensors):
     ref = read_hf(tiny_model_dir)
-    save_dcp({"model": dict(ref), "optimizer": {"state": {"step": torch.tensor(3.0)}}}, tmp_path / "prefixed")
+    save_dcp({"model": dict(ref), "optimizer": {"state": {"step": torch.tensor(3.0)}},
+              "rng": {"cpu": torch.get_rng_state()}, "step": 7}, tmp_path / "prefixed")
     save_dcp(dict(ref), tmp_path / "bare")
     for name in ("prefixed", "bare"):
         out = tmp_path / f"{name}-hf"

@@ -7,7 +7,6 @@ import os
 
 import torch
 import torch.multiprocessing as mp
-
 from rl_checkpoint.cli import main
 
 

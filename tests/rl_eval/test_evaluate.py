@@ -9,7 +9,6 @@ import pytest
 from rl_core.types import SamplingParams, StepResult
 from rl_environments.answers import last_assistant_text
 from rl_environments.registry import list_environments, register_environment
-
 from rl_eval import EvalConfig, EvalError, evaluate, pass_at_k
 from rl_eval.data import ProceduralEvalDataset, load_eval_dataset
 from rl_eval.metrics import cons_at_k, mean_at_k
@@ -103,7 +102,6 @@ def test_bad_input(engine, tiny_tokenizer, items):
 def test_run_eval_on_a_training_checkpoint_equals_hf_dir(tiny_model_dir, tmp_path, capsys):
     """A checkpoint of this library is converted on the fly; its report equals the HF directory's."""
     from rl_checkpoint import hf_to_dcp
-
     from rl_eval.cli import main
 
     hf_to_dcp(tiny_model_dir, tmp_path / "ckpt")
@@ -126,10 +124,9 @@ def test_run_eval_on_a_training_checkpoint_equals_hf_dir(tiny_model_dir, tmp_pat
 
 def test_rl_apps_eval_command(tiny_model_dir, tmp_path):
     pytest.importorskip("rl_apps")
+    from rl_apps import recipe_path
     from rl_apps.commands import eval as eval_cmd
     from rl_core.config import load_config
-
-    from rl_apps import recipe_path
 
     full = load_config(eval_cmd.CONFIG_CLASS, eval_cmd.DEFAULT_RECIPE, [])
     assert full.model == "smollm2-135m-instruct" and full.k_values == [1, 4]

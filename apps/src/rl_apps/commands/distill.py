@@ -10,23 +10,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field
-
 from rl_algorithms.checkpointing import CheckpointConfig
 from rl_algorithms.data import DataError, PromptDataConfig, SyntheticDataConfig, load_prompt_dataset, pad_token_id_of
 from rl_algorithms.distill import DistillConfig, distill_train
-from rl_apps import recipe_path
-from rl_apps.commands.sft import build_backend, dataset_paths, export, fail, open_run, report_loaded, resolve_with_tokenizer
+from rl_backends_gen import GenerationConfig, build_generation_backend
 from rl_backends_train import TrainBackendConfig
 from rl_core.cluster import ClusterConfig
 from rl_core.config import StrictModel
 from rl_core.logging import LoggerConfig
 from rl_core.seed import set_seed
 
-
-def _generation_config_class():
-    from rl_backends_gen import GenerationConfig
-
-    return GenerationConfig
+from rl_apps import recipe_path
+from rl_apps.commands.sft import (
+    build_backend,
+    dataset_paths,
+    export,
+    fail,
+    open_run,
+    report_loaded,
+    resolve_with_tokenizer,
+)
 
 
 class TeacherConfig(StrictModel):
@@ -54,8 +57,8 @@ class DistillRunConfig(StrictModel):
     policy: TrainBackendConfig = Field(default_factory=TrainBackendConfig)
     """The student's training backend."""
     teacher: TeacherConfig = Field(default_factory=TeacherConfig)
-    generation: dict = Field(default_factory=dict)
-    """The student's generation backend (``rl_backends_gen.GenerationConfig``; validated when the run starts)."""
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    """The student's generation backend (refitted with the student's weights after every step)."""
     data: PromptDataConfig = Field(default_factory=PromptDataConfig)
     synthetic_data: SyntheticDataConfig | None = None
     """Generate arithmetic prompts into ``<output_dir>/data`` instead of reading ``data.train_path``."""
@@ -71,8 +74,6 @@ DEFAULT_RECIPE = recipe_path("distill_tiny.yaml")
 
 
 def run(cfg: DistillRunConfig) -> int:
-    from rl_backends_gen import build_generation_backend
-
     set_seed(cfg.seed)
     out = Path(cfg.output_dir)
     student_path, tokenizer = resolve_with_tokenizer(cfg.model)
@@ -91,7 +92,6 @@ def run(cfg: DistillRunConfig) -> int:
     except DataError as e:
         return fail("distill", e)
     report_loaded(train.report, val.report if val else None)
-    generation_cfg = _generation_config_class().model_validate(cfg.generation)
 
     with open_run(cfg, out, cfg.distill.max_steps) as (logger, checkpointer):
         student = build_backend(cfg.policy.model_copy(update={"reference_model": False}), student_path, cfg.cluster,
@@ -99,7 +99,7 @@ def run(cfg: DistillRunConfig) -> int:
         teacher = generation = None
         try:
             teacher = build_backend(cfg.teacher.frozen_backend(), teacher_path, cfg.cluster, seed=cfg.seed, name="teacher")
-            generation = build_generation_backend(generation_cfg, student_path)
+            generation = build_generation_backend(cfg.generation, student_path)
             distill_train(cfg.distill, student, teacher, generation, train.items,
                           pad_token_id=pad_token_id_of(tokenizer), stop_token_ids=stop_tokens(tokenizer),
                           val_prompts=val.items if val else None, vocab_size=vocab_size, logger=logger,

@@ -80,7 +80,9 @@ def run(cfg: GRPORunConfig) -> int:
         init_ray(cfg.cluster)
     policy_cfg = cfg.policy.model_copy(update={"reference_model": cfg.loss.needs_reference})
     policy = build_training_backend(policy_cfg, model_path, seed=cfg.seed)
-    generation = build_generation_backend(cfg.generation, model_path)
+    # The KV cache is sized by max_seq_len: no longer than an episode can get.
+    generation_cfg = cfg.generation.model_copy(update={"max_seq_len": cfg.generation.max_seq_len or cfg.grpo.max_total_length})
+    generation = build_generation_backend(generation_cfg, model_path)
     checkpoint_dir = cfg.checkpointing.dir or str(output_dir / "checkpoints")
     checkpointer = CheckpointManager(cfg.checkpointing, checkpoint_dir) if cfg.checkpointing.enabled else None
     validate_fn = make_validate_fn(cfg, generation, tokenizer, val_data, environment) if val_data else None
@@ -163,7 +165,7 @@ def _mean(values) -> float:
 
 
 def _needs_ray(cfg: GRPORunConfig) -> bool:
-    return cfg.policy.use_ray or getattr(cfg.generation, "use_ray", False)
+    return cfg.policy.use_ray or cfg.generation.num_replicas > 0
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field, model_validator
-
 from rl_algorithms.checkpointing import CheckpointConfig
 from rl_algorithms.data import (
     DataError,
@@ -19,14 +18,23 @@ from rl_algorithms.data import (
     pad_token_id_of,
 )
 from rl_algorithms.rm import RMConfig, rm_train
-from rl_apps import recipe_path
-from rl_apps.commands.dpo import check_pair_batching
-from rl_apps.commands.sft import build_backend, dataset_paths, export, fail, open_run, report_loaded, resolve_with_tokenizer
 from rl_backends_train import TrainBackendConfig
 from rl_core.cluster import ClusterConfig
 from rl_core.config import StrictModel
 from rl_core.logging import LoggerConfig
 from rl_core.seed import set_seed
+
+from rl_apps import recipe_path
+from rl_apps.commands.dpo import check_pair_batching
+from rl_apps.commands.sft import (
+    build_backend,
+    dataset_paths,
+    export,
+    fail,
+    open_run,
+    report_loaded,
+    resolve_with_tokenizer,
+)
 
 
 class RMRunConfig(StrictModel):

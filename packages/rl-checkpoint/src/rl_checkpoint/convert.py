@@ -12,7 +12,12 @@ from rl_checkpoint.errors import CheckpointError
 from rl_checkpoint.output import atomic_output_dir, copy_config_files
 from rl_checkpoint.safetensors_io import TensorInfo, write_file, write_sharded
 from rl_checkpoint.sources import (
-    LoraMergedSource, SafetensorsSource, TensorSource, lora_pairs, read_json, sorted_infos,
+    LoraMergedSource,
+    SafetensorsSource,
+    TensorSource,
+    lora_pairs,
+    read_json,
+    sorted_infos,
 )
 
 DEFAULT_SHARD_BYTES = 2 << 30

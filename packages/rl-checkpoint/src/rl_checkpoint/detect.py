@@ -11,8 +11,14 @@ import torch
 from rl_checkpoint.dcp_io import DCPReader, is_dcp_dir
 from rl_checkpoint.errors import CheckpointError
 from rl_checkpoint.sources import (
-    CastSource, DCPModelSource, LoraMergedSource, MegatronSource, SafetensorsSource, TensorSource,
-    lora_pairs, read_json,
+    CastSource,
+    DCPModelSource,
+    LoraMergedSource,
+    MegatronSource,
+    SafetensorsSource,
+    TensorSource,
+    lora_pairs,
+    read_json,
 )
 
 FORMATS = ("hf", "rl-dcp", "dcp", "megatron", "gguf", "peft")

@@ -153,6 +153,7 @@ def write_sharded(out_dir: str | Path, infos: dict[str, TensorInfo],
                         )
                     f.write(tensor_bytes(tensor))
                     weight_map[name] = fname
+                    del tensor  # free it before the next group is read
                 del tensors
     total = sum(info.nbytes for info in infos.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}

@@ -78,11 +78,11 @@ class DCPModelSource:
     def __init__(self, path: str | Path, prefix: str = "model."):
         self.reader = DCPReader(path)
         names = [n for n in self.reader.infos if not n.startswith(("optimizer.", "optim.", "lr_scheduler."))]
-        # HF names may themselves start with "model.": the wrapper prefix is there only when every
-        # key has it and some stripped key still looks like an HF top-level name.
+        # HF names may themselves start with "model.": the wrapper prefix is there when a stripped key
+        # still looks like an HF top-level name; then keys without it (rng states, counters) are not weights.
         stripped = [n[len(prefix):] for n in names if n.startswith(prefix)]
-        if len(stripped) == len(names) and any(n.startswith(("model.", "lm_head.", "score.")) for n in stripped):
-            self._raw = {n[len(prefix):]: n for n in names}
+        if any(n.startswith(("model.", "lm_head.", "score.")) for n in stripped):
+            self._raw = {n[len(prefix):]: n for n in names if n.startswith(prefix)}
         else:
             self._raw = {n: n for n in names}
         if not self._raw:

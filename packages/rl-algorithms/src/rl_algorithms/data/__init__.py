@@ -17,8 +17,8 @@ from rl_algorithms.data.config import (
 )
 from rl_algorithms.data.errors import BadRow, DataError
 from rl_algorithms.data.loading import (
-    LoadReport,
     Loaded,
+    LoadReport,
     load_chat_dataset,
     load_preference_dataset,
     load_prompt_dataset,

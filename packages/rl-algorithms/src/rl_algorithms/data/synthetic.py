@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
-
 from rl_core.config import StrictModel
 
 SyntheticKind = Literal["sft", "preference", "prompts", "text"]

@@ -76,8 +76,7 @@ def blocked_ancestor(path):
 
 
 def private_filesystem(cfg):
-    """Mount namespace: hide /tmp-like dirs and untraversable parents, re-expose what is needed."""
-    check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    """In a new mount namespace: hide /tmp-like dirs and untraversable parents, re-expose what is needed."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # never propagate anything below to the host
     # Open handles keep the originals reachable after the tmpfs mounts hide their paths.
     exposed = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in cfg["expose_paths"]]
@@ -121,12 +120,23 @@ def main():
     status_file = open(cfg["status_path"], "w")  # noqa: SIM115 - opened before /tmp is hidden
     status = {"network": "audit-hook", "filesystem": "shared", "user": "same"}
     as_root = os.geteuid() == 0
+    drop_user = False
     try:
         if as_root:
-            check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
-            status["network"] = "namespace"
-            private_filesystem(cfg)
-            status["filesystem"] = "private-tmp"
+            try:
+                check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+                status["network"] = "namespace"
+            except OSError:
+                pass  # e.g. a container without CAP_SYS_ADMIN: fall back to the audit hook
+            try:
+                check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+                drop_user = True
+            except OSError:
+                # No mount namespace: another uid can only run the interpreter if it can reach it.
+                drop_user = not any(blocked_ancestor(p) for p in cfg["expose_paths"])
+            else:
+                private_filesystem(cfg)
+                status["filesystem"] = "private-tmp"
         else:
             try:  # unprivileged user namespace, where the kernel allows one
                 check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNET), "unshare(CLONE_NEWUSER|CLONE_NEWNET)")
@@ -134,11 +144,11 @@ def main():
             except OSError:
                 pass
         set_limits(cfg["limits"])
-        if as_root:
+        if drop_user:
             status["user"] = f"uid {cfg['uid']}"
         json.dump(status, status_file)
         status_file.close()
-        if as_root:
+        if drop_user:
             os.setgroups([])
             os.setgid(cfg["uid"])
             os.setuid(cfg["uid"])  # drops every capability as well

