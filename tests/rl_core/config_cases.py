@@ -84,6 +84,11 @@ BAD_CASES = [
         expect=["toy.yaml:4", "policy.optimizer.lrr", "Did you mean 'lr'?"],
     ),
     BadCase(
+        "key_in_the_wrong_section",
+        "defaults: base.yaml\npolicy:\n  lr: 0.1\n",
+        expect=["toy.yaml:3", "policy.lr", "unknown key 'lr'", "'lr' is a key of: policy.optimizer."],
+    ),
+    BadCase(
         "wrong_type",
         "defaults: base.yaml\ntrain:\n  max_steps: ten\n",
         expect=["toy.yaml:3", "train.max_steps", "got 'ten'", "valid integer"],

@@ -9,8 +9,9 @@ tempered distribution that vLLM would have sampled from with ``temperature=T``. 
 T = 1. In async mode all in-flight requests must share one temperature.
 
 Refit: ``collective_rpc`` runs :func:`_reload_weights` in each worker, which calls the worker's
-``reload_weights(weights_iterator=...)`` (in place, no reallocation). The tensors are pickled to
-the engine process, which needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (set here).
+``reload_weights(weights_iterator=...)`` (in place, no reallocation). The function is pickled to
+the engine process, which needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (set here); the tensors
+travel as ``torch.save`` bytes.
 """
 
 from __future__ import annotations
@@ -40,7 +41,12 @@ def _import_vllm():
 
 # --- functions run inside vLLM's workers (importable, so collective_rpc can pickle them by name) ---
 
-def _reload_weights(worker, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+def _reload_weights(worker, payload: bytes) -> int:
+    """``payload``: ``torch.save`` bytes of a list of (name, tensor). Bytes, because vLLM's RPC
+    encoder does not carry tensors nested in containers (they arrive as lists)."""
+    import io
+
+    named_tensors = torch.load(io.BytesIO(payload), weights_only=True)
     worker.reload_weights(weights_iterator=iter(named_tensors))
     return len(named_tensors)
 
@@ -164,8 +170,11 @@ class VllmBackend:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         items = named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
-        tensors = [(name, tensor.detach().cpu().contiguous()) for name, tensor in items]
-        self._collective_rpc(_reload_weights, (tensors,))
+        import io
+
+        buffer = io.BytesIO()
+        torch.save([(name, tensor.detach().cpu().contiguous()) for name, tensor in items], buffer)
+        self._collective_rpc(_reload_weights, (buffer.getvalue(),))
         self._reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
     def sleep(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Literal, TypeVar
 
 Split = Literal["train", "validation", "test"]
@@ -74,10 +74,3 @@ def generate_split(
         "the difficulty settings allow too few problems: raise the difficulty or ask for fewer"
     )
 
-
-def iterate(items: list[T], *, shuffle_seed: int | None = None) -> Iterator[T]:
-    order = list(range(len(items)))
-    if shuffle_seed is not None:
-        random.Random(shuffle_seed).shuffle(order)
-    for i in order:
-        yield items[i]

@@ -22,7 +22,7 @@ def problems_from_validation_error(
     grouped: dict[tuple[KeyPath, str], list[str]] = {}
     for item in error.errors(include_url=False):
         located = _locate(schema_cls, data, item["loc"], item["type"])
-        message = _message(item, located)
+        message = _message(item, located, schema_cls)
         kind = item["type"] if item["type"] in ("extra_forbidden", "missing") else "value"
         grouped.setdefault((located.path, kind), [])
         if message not in grouped[(located.path, kind)]:
@@ -82,12 +82,18 @@ def _locate(schema_cls: type[BaseModel], data: Any, loc: tuple, error_type: str)
     return _Located(tuple(path), parents, field)
 
 
-def _message(item: dict[str, Any], located: _Located) -> str:
+def _message(item: dict[str, Any], located: _Located, schema_cls: type[BaseModel]) -> str:
     error_type, value = item["type"], item.get("input")
     if error_type == "extra_forbidden":
         key = str(located.path[-1]) if located.path else "?"
         siblings = sorted({name for model in located.parent_models for name in model.model_fields})
-        return f"unknown key '{key}'.{_did_you_mean(key, siblings, list_all=True)}"
+        hint = _did_you_mean(key, siblings)
+        elsewhere = [p for p in _key_paths(schema_cls) if p.rsplit(".", 1)[-1] == key]
+        if elsewhere:
+            hint += f" '{key}' is a key of: {', '.join(p.rsplit('.', 1)[0] if '.' in p else '(top level)' for p in elsewhere[:3])}."
+        elif not hint:
+            hint = _valid_keys(siblings)
+        return f"unknown key '{key}'.{hint}"
     if error_type == "missing" and located.missing_item is not None:
         expected = _type_name(located.field.annotation) if located.field else "more items"
         return f"item {located.missing_item} is missing; expected {expected}"
@@ -122,14 +128,29 @@ def _merge_union_messages(messages: list[str]) -> str:
     return f"{got}; expected {' or '.join(wanted)}."
 
 
-def _did_you_mean(word: str, choices: list[str], list_all: bool = False) -> str:
+def _did_you_mean(word: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    if close:
-        return f" Did you mean '{close[0]}'?"
-    if list_all and choices:
-        shown = ", ".join(choices[:30]) + (", ..." if len(choices) > 30 else "")
-        return f" Valid keys here: {shown}."
-    return ""
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def _valid_keys(choices: list[str]) -> str:
+    if not choices:
+        return ""
+    shown = ", ".join(choices[:30]) + (", ..." if len(choices) > 30 else "")
+    return f" Valid keys here: {shown}."
+
+
+def _key_paths(model: type[BaseModel], prefix: str = "", depth: int = 0) -> list[str]:
+    """Dotted paths of every field reachable through nested sections (for "'lr' is a key of ...")."""
+    paths = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        paths.append(path)
+        if depth < 8:
+            for member in _flatten(field.annotation):
+                if _is_model(member):
+                    paths += _key_paths(member, path + ".", depth + 1)
+    return paths
 
 
 def _describe(field: FieldInfo | None) -> str:

@@ -1,0 +1,25 @@
+"""GPU paths of the DTensor backend (skipped without CUDA): bf16 compute with fp32 reductions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from backend_testlib import MaskedNLL, make_batch
+
+from rl_backends_train import TrainBackendConfig, build_training_backend
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("cpu_offload", [False, True])
+def test_bf16_mixed_precision_step_tracks_fp32(tiny_model_dir, skewed_lengths, cpu_offload):
+    batch = make_batch(500, skewed_lengths)
+    common = {"use_ray": False, "reference_model": False, "optimizer": {"lr": 1e-3}, "gpus_per_worker": 1}
+    with build_training_backend(TrainBackendConfig(**common), tiny_model_dir) as fp32, \
+            build_training_backend(TrainBackendConfig(**common, dtype="bfloat16", cpu_offload=cpu_offload),
+                                   tiny_model_dir) as bf16:
+        torch.testing.assert_close(bf16.logprobs(batch), fp32.logprobs(batch), rtol=0, atol=5e-2)
+        a, b = fp32.train(batch, MaskedNLL()), bf16.train(batch, MaskedNLL())
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-2)
+        weights = dict(bf16.named_weights())
+    assert all(t.dtype == torch.float32 for t in weights.values())  # fp32 master weights
