@@ -24,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+
 from rl_backends_train import TrainBackendConfig, build_training_backend  # noqa: E402
 from rl_core.types import ModelOutputs, Normalizer  # noqa: E402
 
@@ -91,9 +92,14 @@ def compare(model_dir: str, args) -> None:
 
 
 def peak_rss(args) -> None:
-    from rl_core.models import resolve_model
+    import subprocess
 
-    model_dir = resolve_model("smollm2-135m-instruct")
+    # Resolve (and on first use convert) the model in a child process: the conversion's memory must
+    # not count in this process's peak RSS.
+    model_dir = subprocess.run(
+        [sys.executable, "-c", "from rl_core.models import resolve_model; print(resolve_model('smollm2-135m-instruct'))"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip().splitlines()[-1]
     cfg = TrainBackendConfig(use_ray=False, dtype=args.dtype, reference_model=False, micro_batch_size=16,
                              optimizer={"lr": 1e-5})
     gen = torch.Generator().manual_seed(0)

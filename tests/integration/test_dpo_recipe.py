@@ -36,3 +36,15 @@ def test_dpo_config_refuses_layouts_that_split_pairs():
         load_config(dpo.CONFIG_CLASS, recipe_path("dpo_tiny.yaml"), ["policy.micro_batch_size=3"])
     with pytest.raises(ConfigError, match="packing"):
         load_config(dpo.CONFIG_CLASS, recipe_path("dpo_tiny.yaml"), ["policy.packing.enabled=true"])
+
+
+def test_dpo_with_lora_uses_the_base_weights_as_reference(tmp_path):
+    """Under LoRA the reference is the model with its adapters off: accuracy starts at 0 (no margin)
+    and the adapters alone separate the pairs."""
+    out = tmp_path / "run"
+    metrics = run_recipe(dpo, "dpo_tiny.yaml", out, "dpo.max_steps=4", "dpo.val_every=4",
+                         "policy.lora={rank: 8, alpha: 16.0}", "policy.optimizer.lr=1e-2")
+    val = [m for m in metrics if "val/accuracy" in m]
+    assert val[0]["val/accuracy"] == 0.0 and val[0]["val/reward_margin"] == 0.0
+    assert val[-1]["val/accuracy"] >= 0.9
+    assert (out / "adapter" / "adapter_config.json").is_file()

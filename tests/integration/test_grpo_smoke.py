@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -66,3 +62,23 @@ def test_bad_override_exits_2_before_writing(tmp_path, capsys):
     assert main(["grpo", "--config", SMOKE, f"output_dir={out}", "grpo.num_generation_per_prompt=4"]) == 2
     assert "num_generations_per_prompt" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_variants_end_to_end(tmp_path):
+    """DAPO dynamic sampling + overlong shaping, the GSPO loss, importance sampling and a KL term
+    (which builds the reference model) in one short run."""
+    overrides = [
+        f"output_dir={tmp_path}", "grpo.max_steps=2", "grpo.val_every=0", "logger.progress_bar=false",
+        "logger.tensorboard=false", "logger.plot=false", "checkpointing.enabled=false",
+        "env.kwargs.weights={digits: 0.0, any_digit: 1.0}",  # binary reward: some groups have no signal
+        "grpo.dapo.dynamic_sampling=true", "grpo.dapo.max_extra_rounds=2", "grpo.dapo.overlong_buffer_length=4",
+        "loss.kind=gspo", "loss.reduction=sequence", "loss.ratio_clip_low=3e-4", "loss.ratio_clip_high=4e-4",
+        "loss.kl_coef=0.01", "loss.importance_sampling={level: sequence, truncation: mask, weight_max: 2.0}",
+    ]
+    assert main(["grpo", "--config", SMOKE, *overrides]) == 0
+    records = read_jsonl_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert 1 <= r["train/dynamic_sampling/rounds"] <= 3
+        if r["train/skipped"] == 0.0:
+            assert r["train/kl"] >= 0.0 and "train/is_weight_mean" in r and "train/reward_shaped_mean" in r

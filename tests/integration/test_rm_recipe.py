@@ -1,11 +1,11 @@
-"""`rl rm` end to end on a separable synthetic set: accuracy >= 0.9; exported as an HF classifier."""
+"""`rl rm` end to end on a separable synthetic set: accuracy >= 0.9; the HF classifier it exports loads in
+the reward-model environment."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import torch
 from rl_apps import recipe_path
 from rl_apps.commands import rm
 from rl_core.config import load_config
@@ -19,19 +19,16 @@ def run_recipe(module, recipe: str, out: Path, *overrides: str) -> list[dict]:
 
 
 def test_rm_recipe_separates_pairs_and_exports_a_classifier(tmp_path):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
     out = tmp_path / "run"
     metrics = run_recipe(rm, "rm_tiny.yaml", out, "rm.max_steps=6", "rm.val_every=6")
     val = [m for m in metrics if "val/accuracy" in m]
     assert val[-1]["val/accuracy"] >= 0.9 and val[-1]["val/score_margin"] > val[0]["val/score_margin"]
 
-    model = AutoModelForSequenceClassification.from_pretrained(out / "hf", dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(out / "hf")
-    assert model.config.num_labels == 1
+    # The reward-model environment loads the export and ranks held-out style answers the same way.
+    from rl_environments.reward_model import RewardModelEnvironment
+
+    env = RewardModelEnvironment(str(out / "hf"))
     prompt = [{"role": "user", "content": "What is 2 + 3?"}]
-    texts = [tokenizer.apply_chat_template(prompt + [{"role": "assistant", "content": reply}], tokenize=False)
-             for reply in ("The answer is 5.", "two three 9 wrong")]
-    with torch.no_grad():
-        scores = [model(**tokenizer(text, return_tensors="pt")).logits[0, 0].item() for text in texts]
-    assert scores[0] > scores[1]
+    good, bad = env.score([prompt + [{"role": "assistant", "content": reply}]
+                           for reply in ("The answer is 5.", "two three 9 wrong")])
+    assert good > bad

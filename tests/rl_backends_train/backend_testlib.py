@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
 from rl_core.types import ModelOutputs, Normalizer
 
 

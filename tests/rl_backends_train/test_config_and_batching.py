@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from pydantic import ValidationError
+
 from rl_backends_train import TrainBackendConfig
 from rl_backends_train.batching import (
     first_fit_decreasing,

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from backend_testlib import MaskedNLL, SequenceMeanNLL, make_batch
+from safetensors.torch import load_file
+
 from rl_backends_train import TrainBackendConfig, build_training_backend
 from rl_core.cluster import WorkerError
-from safetensors.torch import load_file
 
 VOCAB = 500
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from backend_testlib import FailsOnRank1, MaskedNLL, make_batch
+
 from rl_backends_train import TrainBackendConfig, build_training_backend
 from rl_core.cluster import WorkerError
 

@@ -6,9 +6,10 @@ import json
 
 import torch
 from backend_testlib import BradleyTerry, MaskedNLL, make_batch
+from safetensors.torch import load_file
+
 from rl_backends_train import LoRAConfig, TrainBackendConfig, build_training_backend
 from rl_backends_train.lora import LoRALinear
-from safetensors.torch import load_file
 
 VOCAB = 500
 LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}

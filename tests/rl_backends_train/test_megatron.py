@@ -7,8 +7,9 @@ import sys
 import pytest
 import torch
 from backend_testlib import MaskedNLL, make_batch
-from rl_backends_train import TrainBackendConfig, build_training_backend
 from safetensors.torch import load_file
+
+from rl_backends_train import TrainBackendConfig, build_training_backend
 
 VOCAB = 500
 BASE = {"use_ray": False, "optimizer": {"lr": 1e-3, "eps": 1e-3}, "reference_model": False}

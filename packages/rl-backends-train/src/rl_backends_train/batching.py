@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from rl_core.batch import Batch, select, trim_padding
-from rl_core.types import Normalizer
 
 from rl_backends_train.config import TrainBackendConfig
+from rl_core.batch import Batch, select, trim_padding
+from rl_core.types import Normalizer
 
 
 @dataclass

@@ -7,10 +7,10 @@ column 0 and padding hold 0. Logits are divided by the temperature before any so
 from __future__ import annotations
 
 import torch
-from rl_core.types import ModelOutputs
 from torch import nn
 
 from rl_backends_train.batching import MicroBatch, pack_rows
+from rl_core.types import ModelOutputs
 
 
 def run_model(model: nn.Module, mb: MicroBatch, score_head: nn.Module | None,

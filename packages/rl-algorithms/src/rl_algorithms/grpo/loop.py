@@ -146,7 +146,7 @@ def compute_prev_and_ref_logprobs(policy: TrainingBackend, batch: Batch, tempera
 
 def has_learning_signal(batch: Batch, loss_cfg: LossConfig) -> bool:
     """False when no valid token has a non-zero advantage and no other loss term is on."""
-    if loss_cfg.kl_coef > 0 and not loss_cfg.kl_in_reward or loss_cfg.positive_nll_coef > 0:
+    if (loss_cfg.kl_coef > 0 and not loss_cfg.kl_in_reward) or loss_cfg.positive_nll_coef > 0:
         return True
     mask = loss_token_mask(batch)
     advantages = batch["advantages"]

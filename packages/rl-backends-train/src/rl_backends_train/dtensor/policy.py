@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from rl_core.batch import Batch, batch_size, select
-from rl_core.cluster import WorkerGroup
-from rl_core.protocols import LossFn
 
 from rl_backends_train.batching import rows_per_group
 from rl_backends_train.config import TrainBackendConfig
 from rl_backends_train.dtensor.worker import DTensorWorker
+from rl_core.batch import Batch, batch_size, select
+from rl_core.cluster import WorkerGroup
+from rl_core.protocols import LossFn
 
 
 class DTensorPolicy:

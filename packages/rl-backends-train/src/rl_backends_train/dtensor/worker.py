@@ -15,9 +15,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from rl_core.batch import Batch, shard
-from rl_core.protocols import LossFn
-from rl_core.types import ModelOutputs
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rl_backends_train import checkpoint as ckpt
@@ -33,6 +30,9 @@ from rl_backends_train.dtensor.parallelize import build_mesh, build_parallel_mod
 from rl_backends_train.forward import model_outputs
 from rl_backends_train.lora import adapter_config, is_adapter_name, lora_modules, set_adapters_enabled, write_adapter
 from rl_backends_train.optim import build_optimizers, build_schedulers, clip_grad_norm
+from rl_core.batch import Batch, shard
+from rl_core.protocols import LossFn
+from rl_core.types import ModelOutputs
 
 
 class DTensorWorker:
