@@ -91,6 +91,7 @@ def build_smollm2(work: Path) -> Path:
 
 def build_synthetic(work: Path, dtype_name: str) -> Path:
     import torch
+
     from rl_checkpoint.dcp_io import save_dcp
 
     if (work / "synthetic-dcp" / ".metadata").is_file():

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from safetensors.torch import load_file, save_file
+
 from rl_apps import recipe_path
 from rl_apps.commands import distill, xtoken_distill
 from rl_core.config import load_config
 from rl_core.models import save_tiny_model
-from safetensors.torch import load_file, save_file
 
 
 def run_recipe(module, recipe: str, out: Path, *overrides: str) -> list[dict]:

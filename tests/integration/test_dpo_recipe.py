@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from rl_apps import recipe_path
 from rl_apps.commands import dpo
 from rl_core.config import ConfigError, load_config

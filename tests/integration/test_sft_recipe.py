@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
+
 from rl_apps import recipe_path
 from rl_apps.commands import sft
 from rl_core.config import load_config
 from rl_core.models import resolve_model
-from safetensors.torch import load_file
 
 
 def load_hf_weights(folder: Path) -> dict[str, torch.Tensor]:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
+
 from rl_algorithms.data import PromptDataConfig, load_prompt_dataset, synthetic_rows, write_jsonl
 from rl_algorithms.distill import DistillConfig, distill_train
 from rl_core.models import build_tiny_tokenizer, save_tiny_model
-from safetensors.torch import load_file, save_file
 
 
 def save_sharp_teacher(path, scale: float = 40.0, family: str = "qwen2", **kwargs) -> str:

@@ -7,6 +7,7 @@ import pickle
 
 import pytest
 import torch
+
 from rl_algorithms.losses.dpo import DPOLoss
 from rl_algorithms.losses.masking import make_normalizer
 from rl_core.batch import split

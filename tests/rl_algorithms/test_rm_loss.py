@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from rl_algorithms.losses.bradley_terry import BradleyTerryLoss
 from rl_algorithms.losses.masking import make_normalizer
 from rl_core.batch import split

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from rl_algorithms.checkpointing import CheckpointConfig, CheckpointManager
 from rl_algorithms.data import ChatDataConfig, load_chat_dataset, synthetic_rows, write_jsonl
 from rl_algorithms.sft import SFTConfig, sft_train

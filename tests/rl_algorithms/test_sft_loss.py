@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from rl_algorithms.losses.masking import make_normalizer
 from rl_algorithms.losses.nll import NLLLoss
 from rl_core.batch import split

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+
 from rl_algorithms.losses.masking import make_normalizer
 from rl_algorithms.losses.xtoken_kl import CrossTokenizerKLLoss
 from rl_algorithms.xtoken import (

@@ -4,10 +4,11 @@ teacher whose tokenizer is character-level; the held-out KL falls."""
 from __future__ import annotations
 
 import pytest
+from safetensors.torch import load_file, save_file
+
 from rl_algorithms.data import synthetic_rows
 from rl_algorithms.xtoken import XTokenConfig, XTokenTokenizers, build_vocab_projection, xtoken_distill_train
 from rl_core.models import build_tiny_tokenizer, save_tiny_model
-from safetensors.torch import load_file, save_file
 
 
 @pytest.fixture(scope="module")

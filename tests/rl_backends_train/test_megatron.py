@@ -85,3 +85,19 @@ def test_megatron_packing_checkpoint_and_export(tiny_model_dir, skewed_lengths, 
     lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
     mask = batch["attention_mask"][:, 1:].bool()
     torch.testing.assert_close(lp[mask], after[:, 1:][mask], rtol=0, atol=1e-5)
+
+
+def test_two_megatron_workers_equal_one(ray_session, tiny_model_dir, skewed_lengths):
+    """Data parallel Megatron: replicated parameters, gradients summed over the ranks."""
+    pytest.importorskip("megatron.core")
+    batch = make_batch(VOCAB, skewed_lengths)
+    results = []
+    two_ranks = TrainBackendConfig(backend="megatron", **(BASE | {"use_ray": True, "num_workers": 2}))
+    for cfg in (two_ranks, TrainBackendConfig(backend="megatron", **BASE)):
+        with build_training_backend(cfg, tiny_model_dir) as policy:
+            results.append((policy.train(batch, MaskedNLL()), dict(policy.named_weights())))
+    (two, weights_two), (one, weights_one) = results
+    assert two["loss"] == pytest.approx(one["loss"], rel=1e-6)
+    assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+    for name in weights_one:
+        torch.testing.assert_close(weights_two[name], weights_one[name], rtol=0, atol=1e-6, msg=name)

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+
 from rl_checkpoint.cli import main
 from rl_checkpoint.dcp_io import save_dcp
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from rl_checkpoint.cli import main
 
 pytestmark = pytest.mark.slow

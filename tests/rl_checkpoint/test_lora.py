@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from rl_checkpoint.cli import main
 from rl_checkpoint.dcp_io import save_dcp
 from rl_checkpoint.safetensors_io import write_file

@@ -7,6 +7,7 @@ import os
 
 import torch
 import torch.multiprocessing as mp
+
 from rl_checkpoint.cli import main
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from rl_eval.data import FileEvalDataset, HFDiskEvalDataset, ProceduralEvalDataset, load_eval_dataset
 from rl_eval.errors import EvalError
 from rl_eval.graders import MultipleChoiceEnvironment, extract_choice, voting_answer

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from rl_core.types import SamplingParams, StepResult
 from rl_environments.answers import last_assistant_text
 from rl_environments.registry import list_environments, register_environment

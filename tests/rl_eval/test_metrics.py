@@ -6,6 +6,7 @@ import itertools
 from fractions import Fraction
 
 import pytest
+
 from rl_eval.metrics import cons_at_k, majority_vote, mean_at_k, pass_at_k
 
 

@@ -10,16 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field
+
 from rl_algorithms.checkpointing import CheckpointConfig
 from rl_algorithms.data import DataError, PromptDataConfig, SyntheticDataConfig, load_prompt_dataset, pad_token_id_of
 from rl_algorithms.distill import DistillConfig, distill_train
-from rl_backends_gen import GenerationConfig, build_generation_backend
-from rl_backends_train import TrainBackendConfig
-from rl_core.cluster import ClusterConfig
-from rl_core.config import StrictModel
-from rl_core.logging import LoggerConfig
-from rl_core.seed import set_seed
-
 from rl_apps import recipe_path
 from rl_apps.commands.sft import (
     build_backend,
@@ -30,6 +24,12 @@ from rl_apps.commands.sft import (
     report_loaded,
     resolve_with_tokenizer,
 )
+from rl_backends_gen import GenerationConfig, build_generation_backend
+from rl_backends_train import TrainBackendConfig
+from rl_core.cluster import ClusterConfig
+from rl_core.config import StrictModel
+from rl_core.logging import LoggerConfig
+from rl_core.seed import set_seed
 
 
 class TeacherConfig(StrictModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field, model_validator
+
 from rl_algorithms.checkpointing import CheckpointConfig
 from rl_algorithms.data import (
     DataError,
@@ -18,12 +19,6 @@ from rl_algorithms.data import (
     pad_token_id_of,
 )
 from rl_algorithms.dpo import DPOConfig, dpo_train
-from rl_backends_train import TrainBackendConfig
-from rl_core.cluster import ClusterConfig
-from rl_core.config import StrictModel
-from rl_core.logging import LoggerConfig
-from rl_core.seed import set_seed
-
 from rl_apps import recipe_path
 from rl_apps.commands.sft import (
     build_backend,
@@ -34,6 +29,11 @@ from rl_apps.commands.sft import (
     report_loaded,
     resolve_with_tokenizer,
 )
+from rl_backends_train import TrainBackendConfig
+from rl_core.cluster import ClusterConfig
+from rl_core.config import StrictModel
+from rl_core.logging import LoggerConfig
+from rl_core.seed import set_seed
 
 
 def check_pair_batching(policy: TrainBackendConfig, pairs_per_step: int, section: str) -> None:

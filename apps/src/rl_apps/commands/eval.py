@@ -9,10 +9,9 @@ The same code as the ``rl-eval`` command and GRPO's validation (``rl_eval.evalua
 
 from __future__ import annotations
 
+from rl_apps import recipe_path
 from rl_eval.cli import run_cli
 from rl_eval.config import EvalConfig
-
-from rl_apps import recipe_path
 
 CONFIG_CLASS = EvalConfig
 DEFAULT_RECIPE = recipe_path("eval_arithmetic.yaml")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field, model_validator
+
 from rl_algorithms.checkpointing import CheckpointConfig
 from rl_algorithms.data import (
     DataError,
@@ -18,12 +19,6 @@ from rl_algorithms.data import (
     pad_token_id_of,
 )
 from rl_algorithms.rm import RMConfig, rm_train
-from rl_backends_train import TrainBackendConfig
-from rl_core.cluster import ClusterConfig
-from rl_core.config import StrictModel
-from rl_core.logging import LoggerConfig
-from rl_core.seed import set_seed
-
 from rl_apps import recipe_path
 from rl_apps.commands.dpo import check_pair_batching
 from rl_apps.commands.sft import (
@@ -35,6 +30,11 @@ from rl_apps.commands.sft import (
     report_loaded,
     resolve_with_tokenizer,
 )
+from rl_backends_train import TrainBackendConfig
+from rl_core.cluster import ClusterConfig
+from rl_core.config import StrictModel
+from rl_core.logging import LoggerConfig
+from rl_core.seed import set_seed
 
 
 class RMRunConfig(StrictModel):

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import Field
+
 from rl_algorithms.checkpointing import CheckpointConfig, CheckpointManager
 from rl_algorithms.data import (
     ChatDataConfig,
@@ -25,14 +26,13 @@ from rl_algorithms.data import (
     write_synthetic_dataset,
 )
 from rl_algorithms.sft import SFTConfig, sft_train
+from rl_apps import recipe_path
 from rl_backends_train import TrainBackendConfig, build_training_backend
 from rl_core.cluster import ClusterConfig, init_ray
 from rl_core.config import StrictModel
 from rl_core.logging import LoggerConfig, MetricsLogger
 from rl_core.models import resolve_model
 from rl_core.seed import set_seed
-
-from rl_apps import recipe_path
 
 log = logging.getLogger(__name__)
 

@@ -10,15 +10,10 @@ import sys
 from pathlib import Path
 
 from pydantic import Field
+
 from rl_algorithms.checkpointing import CheckpointConfig
 from rl_algorithms.data import DataError, SyntheticDataConfig, TextDataConfig, load_text_dataset
 from rl_algorithms.xtoken import XTokenConfig, XTokenTokenizers, build_vocab_projection, xtoken_distill_train
-from rl_backends_train import TrainBackendConfig
-from rl_core.cluster import ClusterConfig
-from rl_core.config import StrictModel
-from rl_core.logging import LoggerConfig
-from rl_core.seed import set_seed
-
 from rl_apps import recipe_path
 from rl_apps.commands.distill import TeacherConfig, logits_width
 from rl_apps.commands.sft import (
@@ -30,6 +25,11 @@ from rl_apps.commands.sft import (
     report_loaded,
     resolve_with_tokenizer,
 )
+from rl_backends_train import TrainBackendConfig
+from rl_core.cluster import ClusterConfig
+from rl_core.config import StrictModel
+from rl_core.logging import LoggerConfig
+from rl_core.seed import set_seed
 
 
 class XTokenRunConfig(StrictModel):

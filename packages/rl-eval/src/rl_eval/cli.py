@@ -11,7 +11,6 @@ import argparse
 import sys
 
 from rl_core.config import ConfigError, dump_config, load_config
-
 from rl_eval.config import EvalConfig
 from rl_eval.errors import EvalError
 

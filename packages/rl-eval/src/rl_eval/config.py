@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
+
 from rl_core.config import StrictModel
 from rl_core.types import SamplingParams
-
 from rl_eval.data import EvalDatasetSource, ProceduralEvalDataset
 
 

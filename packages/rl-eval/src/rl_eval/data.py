@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field
+
 from rl_core.config import StrictModel
 from rl_core.types import PromptSample
 from rl_environments import ArithmeticDatasetConfig, CountdownDatasetConfig, FileDatasetConfig, build_dataset
 from rl_environments.datasets import read_records, record_to_sample
-
 from rl_eval.errors import EvalError
 
 

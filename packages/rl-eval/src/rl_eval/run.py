@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 from rl_core.config import config_to_dict
-
 from rl_eval.config import EvalConfig
 from rl_eval.data import default_dataset_name, load_eval_dataset
 from rl_eval.errors import EvalError

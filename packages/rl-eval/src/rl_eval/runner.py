@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from rl_core.protocols import Environment, GenerationBackend
 from rl_core.types import PromptSample, SamplingParams
-
 from rl_eval.errors import EvalError
 from rl_eval.graders import voting_answer
 from rl_eval.metrics import cons_at_k, mean_at_k, pass_at_k

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from rl_core.batch import Batch
 
 from rl_algorithms.data.tokenize import TokenizedSample
+from rl_core.batch import Batch
 
 
 def collate_samples(samples: Sequence[TokenizedSample], pad_token_id: int) -> Batch:

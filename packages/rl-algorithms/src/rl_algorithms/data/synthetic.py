@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
+
 from rl_core.config import StrictModel
 
 SyntheticKind = Literal["sft", "preference", "prompts", "text"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
 from rl_core.batch import Batch
 from rl_core.protocols import GenerationBackend, TrainingBackend
 from rl_core.types import Completion, SamplingParams

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pydantic import Field
-from rl_core.config import StrictModel
-from rl_core.types import SamplingParams
 
 from rl_algorithms.losses.distill_kl import DistillationKLLoss, KLType
+from rl_core.config import StrictModel
+from rl_core.types import SamplingParams
 
 
 class DistillConfig(StrictModel):

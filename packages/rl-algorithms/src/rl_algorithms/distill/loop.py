@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from rl_core.protocols import GenerationBackend, TrainingBackend
-from rl_core.types import ModelOutputs
 
 from rl_algorithms.checkpointing import CheckpointManager
 from rl_algorithms.data.sampler import EpochSampler
@@ -37,6 +35,8 @@ from rl_algorithms.sft.common import (
     timed,
     validation_due,
 )
+from rl_core.protocols import GenerationBackend, TrainingBackend
+from rl_core.types import ModelOutputs
 
 
 def distill_train(

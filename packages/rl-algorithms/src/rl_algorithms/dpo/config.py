@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field
-from rl_core.config import StrictModel
 
 from rl_algorithms.losses.dpo import DPOLoss
+from rl_core.config import StrictModel
 
 
 class DPOConfig(StrictModel):

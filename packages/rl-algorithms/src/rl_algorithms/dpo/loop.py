@@ -10,10 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rl_core.batch import Batch
-from rl_core.protocols import TrainingBackend
-from rl_core.types import ModelOutputs
-
 from rl_algorithms.checkpointing import CheckpointManager
 from rl_algorithms.data.collate import collate_pairs
 from rl_algorithms.data.sampler import EpochSampler
@@ -33,6 +29,9 @@ from rl_algorithms.sft.common import (
     timed,
     validation_due,
 )
+from rl_core.batch import Batch
+from rl_core.protocols import TrainingBackend
+from rl_core.types import ModelOutputs
 
 Pair = tuple[TokenizedSample, TokenizedSample]
 

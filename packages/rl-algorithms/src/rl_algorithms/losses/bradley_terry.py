@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from rl_core.batch import Batch
-from rl_core.types import ModelOutputs, Normalizer
 
 from rl_algorithms.data.collate import split_pairs
 from rl_algorithms.losses.dpo import num_pairs
+from rl_core.batch import Batch
+from rl_core.types import ModelOutputs, Normalizer
 
 
 @dataclass

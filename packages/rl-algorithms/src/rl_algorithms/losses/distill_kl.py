@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from rl_core.batch import Batch
-from rl_core.types import ModelOutputs, Normalizer
 
 from rl_algorithms.losses.masking import Reduction, loss_token_mask, reduce_loss, token_mean_contribution
+from rl_core.batch import Batch
+from rl_core.types import ModelOutputs, Normalizer
 
 KLType = Literal["forward", "reverse", "mixed"]
 

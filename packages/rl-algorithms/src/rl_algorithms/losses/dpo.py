@@ -23,11 +23,11 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from rl_core.batch import Batch
-from rl_core.types import ModelOutputs, Normalizer
 
 from rl_algorithms.data.collate import split_pairs
 from rl_algorithms.losses.masking import loss_token_mask
+from rl_core.batch import Batch
+from rl_core.types import ModelOutputs, Normalizer
 
 
 def num_pairs(normalizer: Normalizer) -> float:

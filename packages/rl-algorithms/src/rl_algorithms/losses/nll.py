@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from rl_core.batch import Batch
-from rl_core.types import ModelOutputs, Normalizer
 
 from rl_algorithms.losses.masking import Reduction, loss_token_mask, reduce_loss
+from rl_core.batch import Batch
+from rl_core.types import ModelOutputs, Normalizer
 
 
 @dataclass

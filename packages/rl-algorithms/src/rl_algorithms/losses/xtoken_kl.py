@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from rl_core.batch import Batch
-from rl_core.types import ModelOutputs, Normalizer
 
 from rl_algorithms.losses.distill_kl import KLType, topk_kl
 from rl_algorithms.losses.masking import loss_token_mask
+from rl_core.batch import Batch
+from rl_core.types import ModelOutputs, Normalizer
 
 
 def project_probs(student_probs: torch.Tensor, student_to_teacher: torch.Tensor, teacher_vocab_size: int) -> torch.Tensor:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pydantic import Field
-from rl_core.config import StrictModel
 
 from rl_algorithms.losses.bradley_terry import BradleyTerryLoss
+from rl_core.config import StrictModel
 
 
 class RMConfig(StrictModel):

@@ -11,9 +11,6 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
-from rl_core.batch import Batch
-from rl_core.protocols import TrainingBackend
-from rl_core.types import ModelOutputs
 
 from rl_algorithms.checkpointing import CheckpointManager
 from rl_algorithms.data.collate import collate_pairs
@@ -34,6 +31,9 @@ from rl_algorithms.sft.common import (
     timed,
     validation_due,
 )
+from rl_core.batch import Batch
+from rl_core.protocols import TrainingBackend
+from rl_core.types import ModelOutputs
 
 Pair = tuple[TokenizedSample, TokenizedSample]
 

@@ -13,12 +13,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Protocol, TypeVar
 
+from rl_algorithms.checkpointing import CheckpointManager
+from rl_algorithms.data.sampler import EpochSampler
 from rl_core.batch import Batch
 from rl_core.protocols import GenerationBackend, TrainingBackend
 from rl_core.types import Normalizer
-
-from rl_algorithms.checkpointing import CheckpointManager
-from rl_algorithms.data.sampler import EpochSampler
 
 log = logging.getLogger(__name__)
 

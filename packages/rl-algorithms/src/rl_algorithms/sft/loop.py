@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from rl_core.protocols import TrainingBackend
 
 from rl_algorithms.checkpointing import CheckpointManager
 from rl_algorithms.data.collate import collate_samples
@@ -29,6 +28,7 @@ from rl_algorithms.sft.common import (
     validation_due,
 )
 from rl_algorithms.sft.config import SFTConfig
+from rl_core.protocols import TrainingBackend
 
 
 def sft_train(

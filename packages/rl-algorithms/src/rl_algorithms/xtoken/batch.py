@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from rl_core.batch import Batch
 
 from rl_algorithms.data.collate import pad_token_id_of
 from rl_algorithms.xtoken.alignment import Tokenized, align_positions, tokenize_with_char_starts
 from rl_algorithms.xtoken.token_bytes import token_bytes_table
+from rl_core.batch import Batch
 
 
 @dataclass

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pydantic import Field
-from rl_core.config import StrictModel
 
 from rl_algorithms.losses.distill_kl import KLType
 from rl_algorithms.losses.xtoken_kl import CrossTokenizerKLLoss
 from rl_algorithms.xtoken.projection import VocabProjection
+from rl_core.config import StrictModel
 
 
 class XTokenConfig(StrictModel):

@@ -11,10 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rl_core.batch import Batch
-from rl_core.protocols import TrainingBackend
-from rl_core.types import ModelOutputs
-
 from rl_algorithms.checkpointing import CheckpointManager
 from rl_algorithms.data.sampler import EpochSampler
 from rl_algorithms.distill.batch import full_logits
@@ -35,6 +31,9 @@ from rl_algorithms.sft.common import (
 from rl_algorithms.xtoken.batch import XTokenTokenizers, attach_teacher_topk, build_xtoken_batches
 from rl_algorithms.xtoken.config import XTokenConfig
 from rl_algorithms.xtoken.projection import VocabProjection
+from rl_core.batch import Batch
+from rl_core.protocols import TrainingBackend
+from rl_core.types import ModelOutputs
 
 
 def xtoken_distill_train(
