@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -127,10 +128,10 @@ def main() -> int:
         for batch in args.batch_sizes:
             prompts = make_prompts(tokenizer, batch)
             native.generate(prompts[:2], sampling)  # warm-up (allocator, kernels)
-            engines = {"native": lambda: _native(native, prompts, sampling),
-                       "hf": lambda: _hf(hf, tokenizer, prompts, args.new_tokens)}
+            engines = {"native": partial(_native, native, prompts, sampling),
+                       "hf": partial(_hf, hf, tokenizer, prompts, args.new_tokens)}
             if vllm is not None:
-                engines["vllm"] = lambda: vllm.run(prompts, sampling)
+                engines["vllm"] = partial(vllm.run, prompts, sampling)
             rates = {name: [] for name in engines}
             for _ in range(args.repeats):
                 for name, run in engines.items():
@@ -148,7 +149,6 @@ def main() -> int:
         if vllm is not None:
             vllm.close()
         native.shutdown()
-        del hf
     print(f"# load average at end={os.getloadavg()[0]:.1f}")
     return 0
 

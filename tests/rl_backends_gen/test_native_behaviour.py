@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 from rl_backends_gen.native import NativeEngine
 from rl_core.protocols import GenerationBackend
