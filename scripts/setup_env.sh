@@ -56,7 +56,10 @@ log "installing $TORCH_SPEC"
 
 EDITABLES=()
 for package in packages/*/; do
-    EDITABLES+=(-e "${package%/}[test]")
+    extras="test"
+    # megatron-core 0.16 runs on the CPU (with the shims in rl_backends_train.megatron): test it for real.
+    [[ "$package" == packages/rl-backends-train/ ]] && extras="test,megatron"
+    EDITABLES+=(-e "${package%/}[$extras]")
 done
 EDITABLES+=(-e "apps[test]")
 

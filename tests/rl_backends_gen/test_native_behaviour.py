@@ -10,7 +10,7 @@ from rl_backends_gen.native import NativeEngine
 from rl_core.protocols import GenerationBackend
 from rl_core.types import SamplingParams
 
-SAMPLED = SamplingParams(max_new_tokens=16, temperature=0.9, top_p=0.95, n=3, seed=11)
+SAMPLED = SamplingParams(max_new_tokens=10, temperature=0.9, top_p=0.95, n=2, seed=11)
 
 
 def tokens(results):
@@ -51,8 +51,8 @@ def test_n_samples_share_one_prefill(llama_engine, tiny_model_dir, tiny_prompts)
 
 
 def test_continuous_batching_gives_the_same_greedy_outputs(llama_engine, tiny_model_dir, tiny_prompts):
-    greedy = SamplingParams(max_new_tokens=20, temperature=0.0)
-    prompts = tiny_prompts * 3  # 15 requests through 3 rows
+    greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
+    prompts = tiny_prompts * 2  # 10 requests through 3 rows
     wide = llama_engine.generate(prompts, greedy)
     narrow_engine = NativeEngine(tiny_model_dir, max_batch_size=3, max_seq_len=256)
     narrow = narrow_engine.generate(prompts, greedy)
