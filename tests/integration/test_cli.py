@@ -11,8 +11,9 @@ import types
 from pathlib import Path
 
 import pytest
-import rl_apps
 import yaml
+
+import rl_apps
 from rl_apps import cli
 from rl_apps.commands import COMMANDS, CommandSpec
 from rl_core.config import ConfigError, ConfigProblem, load_config

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+
 from rl_algorithms.rollout import (
     ChatTokens,
     TemplateNotAppendOnlyError,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
+
 from rl_core.config import StrictModel
 
 

@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+
 from rl_core.cluster import ClusterConfig, WorkerError, WorkerGroup, init_ray
 
 pytestmark = pytest.mark.timeout(120)

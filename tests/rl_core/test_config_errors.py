@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import Field, model_validator
+
 from rl_core.config import ConfigError, StrictModel, load_config
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from rl_core.config import (
     ConfigError,
     config_to_dict,

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+
 from rl_core.logging import LoggerConfig, MetricsLogger, plot_metrics, read_jsonl_metrics
 from rl_core.logging.config import MlflowConfig, WandbConfig
 

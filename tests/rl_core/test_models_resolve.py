@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from rl_core.models import ModelResolutionError, model_cache_dir, resolve_model
 from rl_core.models import resolve as resolve_module
 

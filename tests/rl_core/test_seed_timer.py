@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
+
 from rl_core.seed import get_rng_state, set_rng_state, set_seed
 from rl_core.timer import Timer
 

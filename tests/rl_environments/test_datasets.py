@@ -6,6 +6,7 @@ import json
 
 import pytest
 from pydantic import TypeAdapter, ValidationError
+
 from rl_environments import (
     ArithmeticDatasetConfig,
     CountdownDatasetConfig,

@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 from pydantic import ValidationError
+
 from rl_environments import (
     ArithmeticEnvironment,
     EnvConfig,

@@ -6,13 +6,15 @@ import pickle
 
 import pytest
 import torch
+
 from rl_environments import RewardModelEnvironment
 
 
 @pytest.fixture(scope="module")
 def reward_model_dir(tmp_path_factory):
-    from rl_core.models import build_tiny_tokenizer, tiny_model_config
     from transformers import AutoModelForSequenceClassification
+
+    from rl_core.models import build_tiny_tokenizer, tiny_model_config
 
     tokenizer = build_tiny_tokenizer()
     config = tiny_model_config(tokenizer, num_labels=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
+
 from rl_environments import ArithmeticEnvironment, CountdownEnvironment, MathEnvironment
 from rl_environments.answers import extract_boxed, last_number, numbers_equal, parse_number
 from rl_environments.calculator import CalculatorError, evaluate

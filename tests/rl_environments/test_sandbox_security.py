@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+
 from rl_environments.sandbox import SandboxLimits, run_python
 
 SECRET = "rl-sandbox-test-secret-7f3a9c"

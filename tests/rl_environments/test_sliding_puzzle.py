@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from rl_environments import SlidingPuzzleDatasetConfig, SlidingPuzzleEnvironment, sliding_puzzle_split
 from rl_environments.sliding_puzzle import apply_move, legal_moves, render, scramble, solved_board
 

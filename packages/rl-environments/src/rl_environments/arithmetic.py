@@ -10,9 +10,9 @@ import random
 from typing import Literal
 
 from pydantic import Field
+
 from rl_core.config import StrictModel
 from rl_core.types import PromptSample, StepResult
-
 from rl_environments.answers import AnswerFormat, extract_answer, extract_boxed, last_assistant_text, numbers_equal
 from rl_environments.calculator import evaluate
 from rl_environments.prompts import BOXED_INSTRUCTION, user_messages

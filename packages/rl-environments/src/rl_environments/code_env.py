@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 
 from rl_core.types import StepResult
-
 from rl_environments.answers import last_assistant_text
 from rl_environments.sandbox import SandboxLimits, run_python
 

@@ -6,9 +6,9 @@ import importlib
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
+
 from rl_core.config import StrictModel
 from rl_core.protocols import Environment
-
 from rl_environments.arithmetic import ArithmeticDatasetConfig
 from rl_environments.countdown import CountdownDatasetConfig
 from rl_environments.sliding_puzzle import SlidingPuzzleDatasetConfig

@@ -13,9 +13,9 @@ from fractions import Fraction
 from typing import Literal
 
 from pydantic import Field
+
 from rl_core.config import StrictModel
 from rl_core.types import PromptSample, StepResult
-
 from rl_environments.answers import extract_boxed, last_assistant_text
 from rl_environments.calculator import CalculatorError, evaluate, numbers_used
 from rl_environments.prompts import user_messages

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.types import PromptSample
-
 from rl_environments.arithmetic import ArithmeticDatasetConfig, arithmetic_split
 from rl_environments.config import DatasetConfig, FileDatasetConfig, ToolsDatasetConfig
 from rl_environments.countdown import CountdownDatasetConfig, countdown_split

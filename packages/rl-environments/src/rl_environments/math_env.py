@@ -15,7 +15,6 @@ import os
 import threading
 
 from rl_core.types import StepResult
-
 from rl_environments.answers import extract_boxed, last_assistant_text, parse_number
 
 logger = logging.getLogger(__name__)

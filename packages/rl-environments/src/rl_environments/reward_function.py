@@ -10,7 +10,6 @@ import math
 from collections.abc import Callable, Mapping
 
 from rl_core.types import StepResult
-
 from rl_environments.answers import last_assistant_text
 
 RewardFn = Callable[..., float | Mapping[str, float]]

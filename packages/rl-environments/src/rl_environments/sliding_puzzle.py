@@ -13,9 +13,9 @@ import re
 from typing import Literal
 
 from pydantic import Field
+
 from rl_core.config import StrictModel
 from rl_core.types import PromptSample, StepResult
-
 from rl_environments.answers import last_assistant_text
 from rl_environments.prompts import user_messages
 from rl_environments.splits import Split, generate_split

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_core.types import PromptSample, StepResult
-
 from rl_environments.answers import extract_boxed, last_assistant_text, numbers_equal
 from rl_environments.arithmetic import ArithmeticDatasetConfig, arithmetic_split
 from rl_environments.calculator import CalculatorError, evaluate, format_number

@@ -6,9 +6,9 @@ import statistics
 from collections.abc import Sequence
 
 import torch
-from rl_core.batch import Batch
 
 from rl_algorithms.rollout.episode import Episode
+from rl_core.batch import Batch
 
 
 def episodes_to_batch(episodes: Sequence[Episode], pad_token_id: int) -> Batch:

@@ -21,12 +21,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rl_core.protocols import Environment, GenerationBackend
-from rl_core.types import Completion, PromptSample, SamplingParams
-
 from rl_algorithms.rollout.chat_tokens import ChatTokens
 from rl_algorithms.rollout.env_runner import EnvRunner, check_step_result
 from rl_algorithms.rollout.episode import Episode
+from rl_core.protocols import Environment, GenerationBackend
+from rl_core.types import Completion, PromptSample, SamplingParams
 
 logger = logging.getLogger(__name__)
 
