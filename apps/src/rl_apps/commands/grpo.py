@@ -8,7 +8,6 @@ logger and a checkpoint manager; then calls ``rl_algorithms.grpo.grpo_train``.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -106,6 +105,7 @@ def make_validate_fn(cfg: GRPORunConfig, generation: Any, tokenizer: Any, val_da
     """``validate(step) -> metrics`` on the held-out prompts: greedy accuracy, and pass@k from k
     samples at the training temperature when ``grpo.val_pass_k > 1``."""
     from rl_algorithms.rollout import run_rollouts
+    from rl_eval import pass_at_k  # the estimator `rl eval` reports, so the two numbers agree
 
     grpo = cfg.grpo
 
@@ -135,13 +135,6 @@ def make_validate_fn(cfg: GRPORunConfig, generation: Any, tokenizer: Any, val_da
         return metrics
 
     return validate
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """1 - C(n - c, k) / C(n, k): the chance that k of n samples (c correct) include a correct one."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
 def smoke_reward(prompt: list[dict[str, str]], completion: str, **metadata: Any) -> dict[str, float]:
