@@ -18,9 +18,7 @@ from rl_algorithms.checkpointing import CheckpointManager
 from rl_algorithms.data.sampler import EpochSampler
 from rl_algorithms.distill.batch import add_teacher_topk, full_logits, generate_batch
 from rl_algorithms.distill.config import DistillConfig
-from rl_algorithms.losses.distill_kl import DistillationKLLoss
-from rl_algorithms.losses.masking import loss_token_mask
-from rl_algorithms.sft.common import (
+from rl_algorithms.loop_helpers import (
     Metrics,
     MetricsSink,
     in_chunks,
@@ -35,6 +33,8 @@ from rl_algorithms.sft.common import (
     timed,
     validation_due,
 )
+from rl_algorithms.losses.distill_kl import DistillationKLLoss
+from rl_algorithms.losses.masking import loss_token_mask
 from rl_core.protocols import GenerationBackend, TrainingBackend
 from rl_core.types import ModelOutputs
 

@@ -15,8 +15,7 @@ from rl_algorithms.data.collate import collate_pairs
 from rl_algorithms.data.sampler import EpochSampler
 from rl_algorithms.data.tokenize import TokenizedSample
 from rl_algorithms.dpo.config import DPOConfig
-from rl_algorithms.losses.dpo import DPOLoss
-from rl_algorithms.sft.common import (
+from rl_algorithms.loop_helpers import (
     Metrics,
     MetricsSink,
     in_chunks,
@@ -29,6 +28,7 @@ from rl_algorithms.sft.common import (
     timed,
     validation_due,
 )
+from rl_algorithms.losses.dpo import DPOLoss
 from rl_core.batch import Batch
 from rl_core.protocols import TrainingBackend
 from rl_core.types import ModelOutputs

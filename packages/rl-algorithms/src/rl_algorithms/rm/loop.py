@@ -16,9 +16,7 @@ from rl_algorithms.checkpointing import CheckpointManager
 from rl_algorithms.data.collate import collate_pairs
 from rl_algorithms.data.sampler import EpochSampler
 from rl_algorithms.data.tokenize import TokenizedSample
-from rl_algorithms.losses.bradley_terry import BradleyTerryLoss
-from rl_algorithms.rm.config import RMConfig
-from rl_algorithms.sft.common import (
+from rl_algorithms.loop_helpers import (
     Metrics,
     MetricsSink,
     in_chunks,
@@ -31,6 +29,8 @@ from rl_algorithms.sft.common import (
     timed,
     validation_due,
 )
+from rl_algorithms.losses.bradley_terry import BradleyTerryLoss
+from rl_algorithms.rm.config import RMConfig
 from rl_core.batch import Batch
 from rl_core.protocols import TrainingBackend
 from rl_core.types import ModelOutputs

@@ -14,8 +14,7 @@ from rl_algorithms.checkpointing import CheckpointManager
 from rl_algorithms.data.collate import collate_samples
 from rl_algorithms.data.sampler import EpochSampler
 from rl_algorithms.data.tokenize import TokenizedSample
-from rl_algorithms.losses.nll import NLLLoss
-from rl_algorithms.sft.common import (
+from rl_algorithms.loop_helpers import (
     Metrics,
     MetricsSink,
     in_chunks,
@@ -27,6 +26,7 @@ from rl_algorithms.sft.common import (
     timed,
     validation_due,
 )
+from rl_algorithms.losses.nll import NLLLoss
 from rl_algorithms.sft.config import SFTConfig
 from rl_core.protocols import TrainingBackend
 

@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from rl_algorithms.checkpointing import CheckpointManager
 from rl_algorithms.data.sampler import EpochSampler
 from rl_algorithms.distill.batch import full_logits
-from rl_algorithms.losses.xtoken_kl import CrossTokenizerKLLoss
-from rl_algorithms.sft.common import (
+from rl_algorithms.loop_helpers import (
     Metrics,
     MetricsSink,
     in_chunks,
@@ -28,6 +27,7 @@ from rl_algorithms.sft.common import (
     timed,
     validation_due,
 )
+from rl_algorithms.losses.xtoken_kl import CrossTokenizerKLLoss
 from rl_algorithms.xtoken.batch import XTokenTokenizers, attach_teacher_topk, build_xtoken_batches
 from rl_algorithms.xtoken.config import XTokenConfig
 from rl_algorithms.xtoken.projection import VocabProjection
