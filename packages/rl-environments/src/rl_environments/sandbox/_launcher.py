@@ -84,6 +84,8 @@ def private_filesystem(cfg):
     hidden = {blocked_ancestor(p) for p, _ in exposed}
     hidden |= {d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d)}
     for directory in sorted(d for d in hidden if d):
+        # A hidden dir below another one (a 0700 checkout under /tmp) is gone once /tmp is covered.
+        os.makedirs(directory, mode=0o755, exist_ok=True)
         mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={cfg['tmpfs_mb']}m")
     for path, fd in exposed:
         os.makedirs(path, mode=0o755, exist_ok=True)
