@@ -45,19 +45,28 @@ PACKAGES: dict[str, tuple[str, str]] = {
 }
 
 
-def local_dependencies(name: str) -> list[str]:
-    """Our packages that ``name`` needs (transitively), dependencies first."""
+def local_dependencies(name: str, extras: tuple[str, ...] = ()) -> list[str]:
+    """Our packages that ``name`` with ``extras`` needs (transitively), dependencies first.
+
+    A sibling named in an extra counts too: e.g. rl-checkpoint's ``test`` extra needs rl-core for the
+    tiny test models, while rl-checkpoint itself stays standalone.
+    """
     ordered: list[str] = []
 
-    def visit(package: str) -> None:
-        pyproject = tomllib.loads((ROOT / PACKAGES[package][0] / "pyproject.toml").read_text())
-        for requirement in pyproject["project"].get("dependencies", []):
-            dependency = re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0]
-            if dependency in PACKAGES and dependency not in ordered:
-                visit(dependency)
+    def visit(package: str, package_extras: tuple[str, ...]) -> None:
+        project = tomllib.loads((ROOT / PACKAGES[package][0] / "pyproject.toml").read_text())["project"]
+        requirements = list(project.get("dependencies", []))
+        for extra in package_extras:
+            requirements += project.get("optional-dependencies", {}).get(extra, [])
+        for requirement in requirements:
+            match = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([^\]]*)\])?", requirement)
+            dependency = match.group(1)
+            dependency_extras = tuple(e.strip() for e in (match.group(2) or "").split(",") if e.strip())
+            if dependency in PACKAGES and dependency != name and dependency not in ordered:
+                visit(dependency, dependency_extras)
                 ordered.append(dependency)
 
-    visit(name)
+    visit(name, extras)
     return ordered
 
 
@@ -70,7 +79,7 @@ def install_packages(session: nox.Session, name: str, extras: str = "test") -> N
 
     All in one pip call, so pip takes the siblings from here and never looks them up on an index.
     """
-    siblings = [f"./{PACKAGES[dep][0]}" for dep in local_dependencies(name)]
+    siblings = [f"./{PACKAGES[dep][0]}" for dep in local_dependencies(name, tuple(extras.split(",")))]
     session.install(*siblings, f"./{PACKAGES[name][0]}[{extras}]")
 
 
@@ -149,6 +158,13 @@ def bench(session: nox.Session) -> None:
     scripts = sorted((ROOT / "bench").glob("*.py"))
     if not scripts:
         session.skip("no benchmark scripts in bench/")
+    # grpo_step.py runs TRL's GRPOTrainer as its peer: add TRL without letting pip move torch or
+    # transformers (a constraints file pins the installed versions).
+    pins = ROOT / ".nox" / "bench-constraints.txt"
+    pins.parent.mkdir(exist_ok=True)
+    session.run("python", "-c", "import sys, torch, transformers; open(sys.argv[1], 'w').write("
+                "f'torch=={torch.__version__}\\ntransformers=={transformers.__version__}\\n')", str(pins))
+    session.run("python", "-m", "pip", "install", "--quiet", "trl", "-c", str(pins))
     for script in scripts:
         session.run("python", str(script.relative_to(ROOT)), *session.posargs, env=TEST_ENV)
 

@@ -32,8 +32,18 @@ def test_bad_configs_are_rejected():
         GRPOConfig(num_prompts_per_step=3, num_generations_per_prompt=3, num_minibatches=2)
     with pytest.raises(ValidationError, match="extra"):
         GRPOConfig(num_prompt_per_step=3)
+    with pytest.raises(ValidationError, match="training_forward needs one optimizer step"):
+        GRPOConfig(prev_logprobs="training_forward", num_epochs=2)
     with pytest.raises(ValidationError, match="gspo"):
         LossConfig(kind="gspo", objective="cispo")
+
+
+def test_prev_logprobs_pass_only_when_needed():
+    single, two_epochs = GRPOConfig(), GRPOConfig(num_epochs=2)
+    assert not single.recompute_prev_logprobs(LossConfig())
+    assert single.recompute_prev_logprobs(LossConfig(kl_coef=0.1, kl_in_reward=True))
+    assert two_epochs.recompute_prev_logprobs(LossConfig())
+    assert GRPOConfig(prev_logprobs="recompute").recompute_prev_logprobs(LossConfig())
 
 
 def samples(n):

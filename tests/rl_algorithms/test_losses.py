@@ -46,6 +46,19 @@ def test_is_a_picklable_lossfn():
     assert pickle.loads(pickle.dumps(loss_fn)) == loss_fn
 
 
+def test_without_prev_logprobs_pi_old_is_the_detached_forward():
+    """One on-policy update: ratio 1 everywhere, nothing clipped, gradient -A / tokens per token."""
+    outputs, batch = make_case()
+    del batch["prev_logprobs"]
+    loss, metrics = ClippedPolicyGradientLoss()(outputs, batch, make_normalizer(batch))
+    assert metrics["ratio_mean"] == pytest.approx(1.0) and metrics["clip_fraction"] == 0.0
+    assert loss.item() == pytest.approx((-1.0 * 3 + 2.0 * 2) / 5, abs=1e-6)
+    loss.backward()
+    expected = -ADV[:, None] * LOSS_MASK / 5
+    torch.testing.assert_close(outputs.logprobs.grad, expected, atol=1e-6, rtol=0)
+    assert "prev_logprobs" not in batch  # the caller's batch is left as it was
+
+
 def test_clipped_token_level():
     # row 0 (A=1): max(-r, -clip(r)) = -1.2, -0.5, -1.1; row 1 (A=-2): max(2r, 2clip(r)) = 1.6, 2.6
     loss, metrics, logprobs = run(ClippedPolicyGradientLoss())

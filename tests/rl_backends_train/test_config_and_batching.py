@@ -27,7 +27,10 @@ def test_config_rejects_bad_layouts():
         TrainBackendConfig(micro_batchsize=4)
     with pytest.raises(ValidationError, match="lora with tensor_parallel_size"):
         TrainBackendConfig(num_workers=2, tensor_parallel_size=2, lora={"rank": 4})
+    with pytest.raises(ValidationError, match=r"sequence_parallel=True .* needs tensor_parallel_size > 1"):
+        TrainBackendConfig(num_workers=2, sequence_parallel=True)
     assert TrainBackendConfig(num_workers=4, tensor_parallel_size=2).data_parallel_size == 2
+    assert TrainBackendConfig(num_workers=2, tensor_parallel_size=2, sequence_parallel=True).sequence_parallel
 
 
 def test_first_fit_decreasing_respects_budget_and_covers_all_rows():

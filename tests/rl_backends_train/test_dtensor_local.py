@@ -179,3 +179,30 @@ def test_batch_not_divisible_by_micro_batch_or_workers(tiny_model_dir):
     with build_training_backend(local_cfg(micro_batch_size=2), tiny_model_dir) as policy:
         assert policy.logprobs(batch).shape == (3, 9)
         assert policy.train(batch, MaskedNLL())["num_valid_tokens"] == 7 + 2 + 5
+
+
+def test_loss_tokens_only_scores_loss_positions_exactly(tiny_model_dir):
+    """Training runs the LM head only from the first loss-mask column: the logprobs and entropy of
+    every loss token are the full forward's; the prompt columns before it hold 0."""
+    from transformers import AutoModelForCausalLM
+
+    from rl_backends_train.batching import MicroBatch
+    from rl_backends_train.forward import logits_needed, model_outputs
+
+    batch = make_batch(VOCAB, [12, 9, 16], prompt_len=6)
+    batch["loss_mask"][1, 6] = 0.0  # rows need not start their loss at the same column
+    assert logits_needed(batch) == 16 - 5
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    mb = MicroBatch(rows=torch.arange(3), batch=batch)
+    kwargs = {"device": torch.device("cpu"), "temperature": 0.7, "need_logits": False, "need_entropy": True}
+    with torch.no_grad():
+        full = model_outputs(model, mb, **kwargs)
+        part = model_outputs(model, mb, loss_tokens_only=True, **kwargs)
+    mask = batch["loss_mask"].bool()
+    assert part.logprobs.shape == full.logprobs.shape == (3, 16)
+    assert (part.logprobs[:, :6] == 0).all() and (part.entropy[:, :6] == 0).all()
+    torch.testing.assert_close(part.logprobs[mask], full.logprobs[mask], rtol=0, atol=1e-6)
+    torch.testing.assert_close(part.entropy[mask], full.entropy[mask], rtol=0, atol=1e-6)
+    # a batch without a loss mask, or a loss mask that covers nothing, is scored in full
+    assert logits_needed({"input_ids": batch["input_ids"]}) == 16
+    assert logits_needed({"input_ids": batch["input_ids"], "loss_mask": torch.zeros(3, 16)}) == 16

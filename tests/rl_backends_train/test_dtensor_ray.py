@@ -70,6 +70,17 @@ def test_tensor_parallel_2_equals_1(ray_session, tiny_tp_dir, skewed_lengths):
     assert_same_step(single, tp2, atol=1e-5)
 
 
+def test_sequence_parallel_2_equals_1(ray_session, tiny_tp_dir, skewed_lengths):
+    """TP=2 with the norms and residual stream sharded on the sequence: same logprobs before and
+    after one step, same loss, grad norm and weights as one rank. Micro-batches of 2 rows have
+    widths 40 and 33, so the odd one is split unevenly (17 + 16 positions)."""
+    batch = make_batch(VOCAB, skewed_lengths[:4])
+    single = one_step(tiny_tp_dir, batch, use_ray=False, micro_batch_size=2)
+    sequence_parallel = one_step(tiny_tp_dir, batch, num_workers=2, tensor_parallel_size=2, sequence_parallel=True,
+                                 micro_batch_size=2)
+    assert_same_step(single, sequence_parallel, atol=1e-5)
+
+
 def test_a_rank_that_raises_does_not_hang_the_driver(ray_session, tiny_model_dir, skewed_lengths):
     policy = build_training_backend(cfg(num_workers=2), tiny_model_dir)
     try:

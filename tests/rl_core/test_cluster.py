@@ -235,3 +235,65 @@ def test_joining_a_missing_cluster_fails_clearly(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
     assert proc.returncode != 0
     assert "could not join the Ray cluster at cluster.address='127.0.0.1:1'" in proc.stderr
+
+
+@pytest.fixture
+def ray_cli_cluster(tmp_path):
+    """A head node started with `ray start --head --block` on a free port, in its own temp dir; yields
+    its address. Stopped by ending that command (with --block it takes down the processes it started),
+    not by `ray stop`, which would kill every Ray on the machine, this session's own included."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    ray_cli = Path(sys.executable).with_name("ray")
+    ray_cli = str(ray_cli) if ray_cli.exists() else shutil.which("ray")
+    if ray_cli is None:
+        pytest.skip("the `ray` command line is not installed")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # Ray's unix sockets live under the temp dir, and their paths may not exceed 107 bytes.
+    temp_dir = tempfile.mkdtemp(prefix="rl-ray-")
+    log_path = tmp_path / "ray-start.log"
+    with open(log_path, "w") as log:
+        head = subprocess.Popen(
+            [ray_cli, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}"],
+            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "Ray runtime started" not in log_path.read_text():
+            if head.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"`ray start --head` did not start (exit code {head.poll()}):\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield f"127.0.0.1:{port}"
+    finally:
+        head.terminate()
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_auto_joins_the_cluster_started_with_ray_start(ray_cli_cluster, tmp_path):
+    """cluster.address=auto joins the cluster that `ray start --head` runs (found through RAY_ADDRESS, as
+    `ray start` tells users to set it) and runs a group on it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "join.py"
+    script.write_text(JOIN_SCRIPT)
+    env = {**os.environ, "RAY_ADDRESS": ray_cli_cluster}
+    proc = subprocess.run([sys.executable, str(script), "auto", os.path.dirname(__file__)],
+                          capture_output=True, text=True, timeout=100, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Ray names its GCS by the node's IP whatever address was dialled: the free port identifies our head.
+    port = ray_cli_cluster.rpartition(":")[2]
+    result = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
+    assert result.startswith("RESULT [8.0] ") and result.endswith(f":{port}"), result

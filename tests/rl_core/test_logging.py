@@ -37,6 +37,21 @@ def test_jsonl_records_every_call_with_prefixed_names(tmp_path):
     assert all(isinstance(r["timestamp"], float) for r in records)
 
 
+def test_example_generations_go_to_samples_jsonl(tmp_path):
+    import json
+
+    metrics = MetricsLogger(LoggerConfig(tensorboard=False, stdout=False, plot=False), tmp_path)
+    metrics.log_samples([{"prompt": "What is 2 + 2?", "response": "\\boxed{4}", "reward": 1.0}], step=3)
+    metrics.log_samples([], step=4)  # nothing to write
+    metrics.log_samples([{"prompt": "x", "response": "yé", "reward": 0.0}], step=5)
+    metrics.close()
+    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert rows == [{"step": 3, "prompt": "What is 2 + 2?", "response": "\\boxed{4}", "reward": 1.0},
+                    {"step": 5, "prompt": "x", "response": "yé", "reward": 0.0}]
+    with pytest.raises(RuntimeError, match="after close"):
+        metrics.log_samples([{"a": 1}], step=6)
+
+
 def test_jsonl_appends_on_resume_and_skips_a_torn_last_line(tmp_path):
     cfg = LoggerConfig(tensorboard=False, stdout=False, plot=False)
     with MetricsLogger(cfg, tmp_path) as metrics:

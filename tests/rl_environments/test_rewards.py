@@ -30,6 +30,9 @@ def test_last_number_and_parse_number():
     assert parse_number(r"\frac{1}{2}") == Fraction(1, 2)
     assert parse_number("0.5") == parse_number("1/2") == Fraction(1, 2)
     assert parse_number("x = 7") == 7
+    assert extract_boxed(r"95 + 46 = \boxed{} 141") is None and extract_boxed(r"\boxed{ }") is None
+    assert parse_number("12 + 30 = 42") == 42 and parse_number("$a = b = -3$") == -3
+    assert parse_number("42 = 12 + 30") is None and parse_number("12 + 30") is None
     assert parse_number("$1,000$") == 1000
     assert parse_number("seven") is None
     assert numbers_equal("0.50", "1/2") and not numbers_equal("0.5", "2")
@@ -45,7 +48,11 @@ def test_last_number_and_parse_number():
         ("the answer is 42", "either", 1.0, 0.0),
         (r"\boxed{42.0}", "either", 1.0, 1.0),
         (r"I think 42 but \boxed{40}", "either", 0.0, 1.0),  # a box, when present, is the answer
-        (r"\boxed{forty-two}", "boxed", 0.0, 1.0),
+        (r"\boxed{forty-two}", "boxed", 0.0, 0.0),  # the format is a boxed NUMBER
+        (r"\boxed{ANSWER}", "either", 0.0, 0.0),  # the instruction's placeholder, copied
+        (r"12 + 30 = \boxed{} 42", "either", 1.0, 0.0),  # an empty box holds no answer
+        (r"12 + \boxed{30} = \boxed{42}", "either", 1.0, 0.0),  # one box, not several
+        (r"\boxed{12 + 30 = 42}", "boxed", 1.0, 1.0),
         ("", "either", 0.0, 0.0),
     ],
 )

@@ -15,15 +15,7 @@ from rl_algorithms.checkpointing import CheckpointConfig
 from rl_algorithms.data import DataError, PromptDataConfig, SyntheticDataConfig, load_prompt_dataset, pad_token_id_of
 from rl_algorithms.distill import DistillConfig, distill_train
 from rl_apps import recipe_path
-from rl_apps.commands.sft import (
-    build_backend,
-    dataset_paths,
-    export,
-    fail,
-    open_run,
-    report_loaded,
-    resolve_with_tokenizer,
-)
+from rl_apps.run_setup import build_backend, export, fail, items, load_splits, open_run, resolve_with_tokenizer
 from rl_backends_gen import GenerationConfig, build_generation_backend
 from rl_backends_train import TrainBackendConfig
 from rl_core.cluster import ClusterConfig
@@ -86,12 +78,10 @@ def run(cfg: DistillRunConfig) -> int:
     if logits_width(teacher_path) > vocab_size:
         return fail("distill", ValueError("the teacher's vocabulary is wider than the student's logits"))
     try:
-        train_path, val_path = dataset_paths(cfg.data, cfg.synthetic_data, "prompts", out)
-        train = load_prompt_dataset(train_path, cfg.data, tokenizer)
-        val = load_prompt_dataset(val_path, cfg.data, tokenizer) if val_path else None
+        train, val = load_splits(cfg.data, cfg.synthetic_data, "prompts", out,
+                                 lambda path: load_prompt_dataset(path, cfg.data, tokenizer))
     except DataError as e:
         return fail("distill", e)
-    report_loaded(train.report, val.report if val else None)
 
     with open_run(cfg, out, cfg.distill.max_steps) as (logger, checkpointer):
         student = build_backend(cfg.policy.model_copy(update={"reference_model": False}), student_path, cfg.cluster,
@@ -102,7 +92,7 @@ def run(cfg: DistillRunConfig) -> int:
             generation = build_generation_backend(cfg.generation, student_path)
             distill_train(cfg.distill, student, teacher, generation, train.items,
                           pad_token_id=pad_token_id_of(tokenizer), stop_token_ids=stop_tokens(tokenizer),
-                          val_prompts=val.items if val else None, vocab_size=vocab_size, logger=logger,
+                          val_prompts=items(val), vocab_size=vocab_size, logger=logger,
                           checkpointer=checkpointer, seed=cfg.seed)
             if cfg.export_hf:
                 export(student, out, lora=cfg.policy.lora is not None)

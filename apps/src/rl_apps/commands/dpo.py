@@ -20,15 +20,7 @@ from rl_algorithms.data import (
 )
 from rl_algorithms.dpo import DPOConfig, dpo_train
 from rl_apps import recipe_path
-from rl_apps.commands.sft import (
-    build_backend,
-    dataset_paths,
-    export,
-    fail,
-    open_run,
-    report_loaded,
-    resolve_with_tokenizer,
-)
+from rl_apps.run_setup import build_backend, export, fail, items, load_splits, open_run, resolve_with_tokenizer
 from rl_backends_train import TrainBackendConfig
 from rl_core.cluster import ClusterConfig
 from rl_core.config import StrictModel
@@ -81,12 +73,10 @@ def run(cfg: DPORunConfig) -> int:
     out = Path(cfg.output_dir)
     model_path, tokenizer = resolve_with_tokenizer(cfg.model)
     try:
-        train_path, val_path = dataset_paths(cfg.data, cfg.synthetic_data, "preference", out)
-        train = load_preference_dataset(train_path, cfg.data, tokenizer)
-        val = load_preference_dataset(val_path, cfg.data, tokenizer) if val_path else None
+        train, val = load_splits(cfg.data, cfg.synthetic_data, "preference", out,
+                                 lambda path: load_preference_dataset(path, cfg.data, tokenizer))
     except DataError as e:
         return fail("dpo", e)
-    report_loaded(train.report, val.report if val else None)
 
     # Under LoRA the reference is the base (adapters off); otherwise a frozen copy of the initial weights.
     policy_cfg = cfg.policy.model_copy(update={"reference_model": cfg.policy.lora is None})
@@ -94,7 +84,7 @@ def run(cfg: DPORunConfig) -> int:
         policy = build_backend(policy_cfg, model_path, cfg.cluster, seed=cfg.seed)
         try:
             dpo_train(cfg.dpo, policy, train.items, pad_token_id=pad_token_id_of(tokenizer),
-                      val_pairs=val.items if val else None, logger=logger, checkpointer=checkpointer, seed=cfg.seed)
+                      val_pairs=items(val), logger=logger, checkpointer=checkpointer, seed=cfg.seed)
             if cfg.export_hf:
                 export(policy, out, lora=cfg.policy.lora is not None)
         finally:

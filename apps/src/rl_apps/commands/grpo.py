@@ -46,6 +46,9 @@ class GRPORunConfig(StrictModel):
     loss: LossConfig = Field(default_factory=LossConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     """The environment that grades every sample."""
+    val_env: EnvConfig | None = None
+    """The grader of validation (default: ``env``): e.g. a strict answer format while training uses a
+    shaped reward."""
     data: DatasetConfig = Field(default_factory=ArithmeticDatasetConfig)
     """Training prompts (train split) and held-out validation prompts (validation split)."""
     logger: LoggerConfig = Field(default_factory=LoggerConfig)
@@ -72,6 +75,7 @@ def run(cfg: GRPORunConfig) -> int:
     train_data = build_dataset(cfg.data, "train")
     val_data = build_dataset(cfg.data, "validation", size=cfg.grpo.val_num_prompts) if cfg.grpo.val_every > 0 else []
     environment = cfg.env.build()
+    val_environment = cfg.val_env.build() if cfg.val_env is not None else environment
 
     if _needs_ray(cfg):
         from rl_core.cluster import init_ray
@@ -84,14 +88,19 @@ def run(cfg: GRPORunConfig) -> int:
     generation = build_generation_backend(generation_cfg, model_path)
     checkpoint_dir = cfg.checkpointing.dir or str(output_dir / "checkpoints")
     checkpointer = CheckpointManager(cfg.checkpointing, checkpoint_dir) if cfg.checkpointing.enabled else None
-    validate_fn = make_validate_fn(cfg, generation, tokenizer, val_data, environment) if val_data else None
+    # One runner for the whole run: Ray actors or worker processes start once, not every step.
+    env_runner = cfg.grpo.env_runner.build(environment)
+    val_runner = env_runner if val_environment is environment else None  # a separate val_env runs in threads
+    validate_fn = make_validate_fn(cfg, generation, tokenizer, val_data, val_environment, val_runner) if val_data else None
 
     metrics_logger = MetricsLogger(cfg.logger, output_dir, total_steps=cfg.grpo.max_steps,
                                    hparams=cfg.model_dump(mode="json"))
     try:
         grpo_train(cfg.grpo, cfg.loss, policy, generation, tokenizer, train_data, environment,
-                   logger=metrics_logger, checkpointer=checkpointer, validate_fn=validate_fn, seed=cfg.seed)
+                   logger=metrics_logger, checkpointer=checkpointer, validate_fn=validate_fn, seed=cfg.seed,
+                   env_runner=env_runner)
     finally:
+        env_runner.shutdown()
         plot = metrics_logger.close()
         generation.shutdown()
         policy.shutdown()
@@ -101,9 +110,11 @@ def run(cfg: GRPORunConfig) -> int:
     return 0
 
 
-def make_validate_fn(cfg: GRPORunConfig, generation: Any, tokenizer: Any, val_data: list[PromptSample], environment: Any):
+def make_validate_fn(cfg: GRPORunConfig, generation: Any, tokenizer: Any, val_data: list[PromptSample], environment: Any,
+                     env_runner: Any = None):
     """``validate(step) -> metrics`` on the held-out prompts: greedy accuracy, and pass@k from k
-    samples at the training temperature when ``grpo.val_pass_k > 1``."""
+    samples at the training temperature when ``grpo.val_pass_k > 1``. ``env_runner``: where the
+    environment runs (built from ``environment``); None: threads."""
     from rl_algorithms.rollout import run_rollouts
     from rl_eval import pass_at_k  # the estimator `rl eval` reports, so the two numbers agree
 
@@ -111,7 +122,8 @@ def make_validate_fn(cfg: GRPORunConfig, generation: Any, tokenizer: Any, val_da
 
     def episodes(sampling: SamplingParams, n: int):
         return run_rollouts(generation, tokenizer, val_data, environment, sampling, num_generations_per_prompt=n,
-                            max_turns=grpo.max_turns, max_total_length=grpo.max_total_length)
+                            max_turns=grpo.max_turns, max_total_length=grpo.max_total_length,
+                            env_timeout_s=grpo.env_runner.timeout_s, env_runner=env_runner)
 
     def validate(step: int) -> dict[str, float]:
         stop = tuple(t for t in [tokenizer.eos_token_id] if t is not None)
@@ -158,7 +170,7 @@ def _mean(values) -> float:
 
 
 def _needs_ray(cfg: GRPORunConfig) -> bool:
-    return cfg.policy.use_ray or cfg.generation.num_replicas > 0
+    return cfg.policy.use_ray or cfg.generation.num_replicas > 0 or cfg.grpo.env_runner.kind == "ray"
 
 
 def _write_atomically(path: Path, text: str) -> None:

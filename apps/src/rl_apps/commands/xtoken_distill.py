@@ -16,15 +16,7 @@ from rl_algorithms.data import DataError, SyntheticDataConfig, TextDataConfig, l
 from rl_algorithms.xtoken import XTokenConfig, XTokenTokenizers, build_vocab_projection, xtoken_distill_train
 from rl_apps import recipe_path
 from rl_apps.commands.distill import TeacherConfig, logits_width
-from rl_apps.commands.sft import (
-    build_backend,
-    dataset_paths,
-    export,
-    fail,
-    open_run,
-    report_loaded,
-    resolve_with_tokenizer,
-)
+from rl_apps.run_setup import build_backend, export, fail, items, load_splits, open_run, resolve_with_tokenizer
 from rl_backends_train import TrainBackendConfig
 from rl_core.cluster import ClusterConfig
 from rl_core.config import StrictModel
@@ -67,13 +59,11 @@ def run(cfg: XTokenRunConfig) -> int:
     print(f"vocabulary projection: {projection.num_exact} exact, {projection.num_first_token} first-token, "
           f"{projection.num_unmapped} unmapped student tokens", file=sys.stderr)
     try:
-        train_path, val_path = dataset_paths(cfg.data, cfg.synthetic_data, "text", out)
         both = [student_tokenizer, teacher_tokenizer]
-        train = load_text_dataset(train_path, cfg.data, both)
-        val = load_text_dataset(val_path, cfg.data, both) if val_path else None
+        train, val = load_splits(cfg.data, cfg.synthetic_data, "text", out,
+                                 lambda path: load_text_dataset(path, cfg.data, both))
     except DataError as e:
         return fail("xtoken-distill", e)
-    report_loaded(train.report, val.report if val else None)
 
     with open_run(cfg, out, cfg.xtoken.max_steps) as (logger, checkpointer):
         student = build_backend(cfg.policy.model_copy(update={"reference_model": False}), student_path, cfg.cluster,
@@ -82,7 +72,7 @@ def run(cfg: XTokenRunConfig) -> int:
         try:
             teacher = build_backend(cfg.teacher.frozen_backend(), teacher_path, cfg.cluster, seed=cfg.seed, name="teacher")
             xtoken_distill_train(cfg.xtoken, student, teacher, train.items, tokenizers, projection,
-                                 val_texts=val.items if val else None, student_vocab_size=logits_width(student_path),
+                                 val_texts=items(val), student_vocab_size=logits_width(student_path),
                                  logger=logger, checkpointer=checkpointer, seed=cfg.seed)
             if cfg.export_hf:
                 export(student, out, lora=cfg.policy.lora is not None)

@@ -75,6 +75,12 @@ class TrainBackendConfig(StrictModel):
     """Ranks in the worker group: data parallel size x tensor_parallel_size."""
     tensor_parallel_size: int = Field(1, gt=0)
     """Ranks that split each layer's weights (Llama/Qwen2 plans). Must divide num_workers."""
+    pipeline_parallel_size: int = Field(1, gt=0)
+    """1 only: neither backend implements pipeline parallelism (a larger value is a config error)."""
+    sequence_parallel: bool = False
+    """DTensor backend, tensor_parallel_size > 1 only: the norms and the residual stream between the
+    attention/MLP blocks are sharded over the sequence dimension across the tensor-parallel ranks
+    (activation memory / tp there; all-gather + reduce-scatter instead of all-reduce)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Parameter dtype on CPU; on GPU the compute dtype (parameters kept fp32, reductions fp32)."""
     task: Literal["causal_lm", "reward_model"] = "causal_lm"
@@ -109,6 +115,14 @@ class TrainBackendConfig(StrictModel):
             raise ValueError(
                 f"tensor_parallel_size={self.tensor_parallel_size} must divide num_workers={self.num_workers}"
             )
+        if self.pipeline_parallel_size != 1:
+            raise ValueError(
+                f"pipeline_parallel_size={self.pipeline_parallel_size} is not supported: neither training backend "
+                "implements pipeline parallelism (megatron-core's pipeline schedules are not wired in, and they "
+                "allocate on CUDA); split the model with tensor_parallel_size instead")
+        if self.sequence_parallel and self.tensor_parallel_size == 1:
+            raise ValueError("sequence_parallel=True shards activations over the tensor-parallel ranks and needs "
+                             "tensor_parallel_size > 1; set tensor_parallel_size (e.g. 2) or sequence_parallel=False")
         if self.packing.enabled and self.dynamic_batching.enabled:
             raise ValueError("packing and dynamic_batching are alternatives: enable at most one")
         if self.lora is not None and self.tensor_parallel_size > 1:

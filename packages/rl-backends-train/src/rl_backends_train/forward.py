@@ -2,6 +2,10 @@
 
 Alignment: ``logprobs[:, t]`` scores ``input_ids[:, t]`` with the logits of position ``t - 1``;
 column 0 and padding hold 0. Logits are divided by the temperature before any softmax, in fp32.
+
+With ``loss_tokens_only`` (training), the LM head runs only from the first column any row's
+``loss_mask`` covers: the prompt columns before it get no logits (their logprobs and entropy are 0),
+which saves the vocab-sized work on them (for GRPO on short answers, most of a sequence is prompt).
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from rl_core.types import ModelOutputs
 
 
 def run_model(model: nn.Module, mb: MicroBatch, score_head: nn.Module | None,
-              device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+              device: torch.device, keep_last: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Raw ``logits [b, t, V]`` (causal LM) and per-position ``scores [b, t]`` (reward model) of ``mb``.
 
-    Packed micro-batches run as one ``[1, L]`` row and are scattered back to ``[b, t]``."""
+    ``keep_last > 0`` (unpacked causal LM only): logits of the last ``keep_last`` positions only,
+    ``[b, keep_last, V]``. Packed micro-batches run as one ``[1, L]`` row and are scattered back to
+    ``[b, t]``."""
     batch = mb.batch
     captured: list[torch.Tensor] = []
     hook = None
@@ -31,7 +37,8 @@ def run_model(model: nn.Module, mb: MicroBatch, score_head: nn.Module | None,
             raw = captured[0] if captured else out.logits
             raw = raw[0][unpack_index.to(device)]  # [b, t, V or 1]
         else:
-            out = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
+            extra = {"logits_to_keep": keep_last} if keep_last > 0 else {}
+            out = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device), **extra)
             raw = captured[0] if captured else out.logits
     finally:
         if hook is not None:
@@ -42,9 +49,16 @@ def run_model(model: nn.Module, mb: MicroBatch, score_head: nn.Module | None,
 
 
 def model_outputs(model: nn.Module, mb: MicroBatch, *, device: torch.device, temperature: float,
-                  need_logits: bool, need_entropy: bool, score_head: nn.Module | None = None) -> ModelOutputs:
-    """ModelOutputs of one micro-batch (with autograd when grad is enabled)."""
-    raw, per_position_scores = run_model(model, mb, score_head, device)
+                  need_logits: bool, need_entropy: bool, score_head: nn.Module | None = None,
+                  loss_tokens_only: bool = False) -> ModelOutputs:
+    """ModelOutputs of one micro-batch (with autograd when grad is enabled).
+
+    ``loss_tokens_only``: logprobs/entropy only from the first ``loss_mask`` column on (see the
+    module docstring); ignored for packed micro-batches, reward models and when logits are needed."""
+    keep_last = 0
+    if loss_tokens_only and not (mb.packed or need_logits or score_head is not None):
+        keep_last = logits_needed(mb.batch)
+    raw, per_position_scores = run_model(model, mb, score_head, device, keep_last)
     batch = mb.batch
     mask = batch["attention_mask"].to(raw.device).bool()
     if per_position_scores is not None:
@@ -54,24 +68,44 @@ def model_outputs(model: nn.Module, mb: MicroBatch, *, device: torch.device, tem
     return aligned_outputs(raw, batch["input_ids"].to(raw.device), mask, temperature, need_logits, need_entropy)
 
 
+def logits_needed(batch) -> int:
+    """How many trailing positions need logits so that every ``loss_mask`` token is scored
+    (the full width when the batch has no loss mask)."""
+    width = batch["input_ids"].shape[1]
+    if "loss_mask" not in batch:
+        return width
+    covered = torch.nonzero(batch["loss_mask"].bool().any(dim=0))
+    if covered.numel() == 0:
+        return width
+    first = int(covered[0, 0])  # token `first` is scored by the logits of position first - 1
+    return width - max(first - 1, 0)
+
+
 def aligned_outputs(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, temperature: float,
                     need_logits: bool, need_entropy: bool) -> ModelOutputs:
-    """Shift ``logits [b, t, V]`` so row t scores token t; logprobs and entropy in fp32."""
-    b, t, _ = logits.shape
-    scaled = logits[:, :-1].float() / temperature  # [b, t-1, V] predicts tokens 1..t-1
-    log_norm = torch.logsumexp(scaled, dim=-1)  # [b, t-1]
-    token_logits = scaled.gather(-1, input_ids[:, 1:, None])[..., 0]
-    valid = mask[:, 1:]
-    zero_col = scaled.new_zeros(b, 1)
-    logprobs = torch.cat([zero_col, torch.where(valid, token_logits - log_norm, 0.0)], dim=1)
+    """Shift ``logits [b, k, V]`` (the last k of t positions) so column j scores token j; logprobs
+    and entropy in fp32; columns without logits hold 0."""
+    b, k, _ = logits.shape
+    t = input_ids.shape[1]
+    first = t - k  # position of the first logit; it scores token first + 1
+    scaled = logits[:, :-1].float()  # [b, k-1, V] predicts tokens first+1 .. t-1
+    if temperature != 1.0:
+        scaled = scaled / temperature
+    log_norm = torch.logsumexp(scaled, dim=-1)  # [b, k-1]
+    token_logits = scaled.gather(-1, input_ids[:, first + 1:, None])[..., 0]
+    valid = mask[:, first + 1:]
+    lead = scaled.new_zeros(b, first + 1)
+    logprobs = torch.cat([lead, torch.where(valid, token_logits - log_norm, 0.0)], dim=1)
     entropy = None
     if need_entropy:
         with torch.no_grad():
             probs = torch.softmax(scaled, dim=-1)
             ent = log_norm - (probs * scaled).sum(-1)
-            entropy = torch.cat([zero_col, torch.where(valid, ent, 0.0)], dim=1)
+            entropy = torch.cat([lead, torch.where(valid, ent, 0.0)], dim=1)
     aligned_logits = None
     if need_logits:
+        if first:
+            raise ValueError("aligned logits need the logits of every position")
         aligned_logits = torch.cat([scaled.new_zeros(b, 1, scaled.shape[-1]), scaled], dim=1)
         aligned_logits = aligned_logits * mask[:, :, None]
     return ModelOutputs(logprobs=logprobs, logits=aligned_logits, entropy=entropy)

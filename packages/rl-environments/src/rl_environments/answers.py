@@ -12,7 +12,8 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 
 def extract_boxed(text: str) -> str | None:
-    """Content of the LAST ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced; None if absent.
+    """Content of the LAST ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced; None if absent
+    or empty (``\\boxed{} 42`` holds no answer: small models copy the bare macro from the instruction).
 
     >>> extract_boxed(r"so \\boxed{\\frac{1}{2}}.")
     '\\\\frac{1}{2}'
@@ -24,7 +25,12 @@ def extract_boxed(text: str) -> str | None:
             content = _balanced(text, start + len(macro))
             if content is not None:
                 best = (start, content)
-    return None if best is None else best[1].strip()
+    return None if best is None or not best[1].strip() else best[1].strip()
+
+
+def count_boxed(text: str) -> int:
+    """How many ``\\boxed{`` / ``\\fbox{`` macros ``text`` holds."""
+    return text.count("\\boxed{") + text.count("\\fbox{")
 
 
 def _balanced(text: str, open_index: int) -> str | None:
@@ -47,12 +53,13 @@ def last_number(text: str) -> str | None:
 
 def parse_number(text: str | None) -> Fraction | None:
     """An exact number from a short answer string: ``42``, ``-3``, ``1,000``, ``0.5``, ``1/2``,
-    ``\\frac{1}{2}``, ``$7$``, ``x = 7``. None when it is not a single plain number."""
+    ``\\frac{1}{2}``, ``$7$``, ``x = 7``, ``12 + 30 = 42`` (the value after the last ``=``). None when
+    it is not a single plain number."""
     if text is None:
         return None
     s = text.strip().strip("$").strip()
     s = re.sub(r"^\\text\{(.*)\}$", r"\1", s)
-    s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s)  # "x = 7"
+    s = s.rsplit("=", 1)[-1].strip().strip("$").strip()  # "x = 7", "12 + 30 = 42": the final value
     s = s.replace("\\!", "").replace("{,}", "").replace(",", "").replace(" ", "").rstrip(".")
     frac = re.fullmatch(r"(-?)\\d?frac\{(-?\d+)\}\{(-?\d+)\}", s)
     try:

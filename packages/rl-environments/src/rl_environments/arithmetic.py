@@ -13,7 +13,15 @@ from pydantic import Field
 
 from rl_core.config import StrictModel
 from rl_core.types import PromptSample, StepResult
-from rl_environments.answers import AnswerFormat, extract_answer, extract_boxed, last_assistant_text, numbers_equal
+from rl_environments.answers import (
+    AnswerFormat,
+    count_boxed,
+    extract_answer,
+    extract_boxed,
+    last_assistant_text,
+    numbers_equal,
+    parse_number,
+)
 from rl_environments.calculator import evaluate
 from rl_environments.prompts import BOXED_INSTRUCTION, user_messages
 from rl_environments.splits import Split, generate_split
@@ -62,7 +70,7 @@ def _sample(problem: str, cfg: ArithmeticDatasetConfig) -> PromptSample:
 
 class ArithmeticEnvironment:
     """Single-turn grader: ``correct`` (final answer equals ``metadata['answer']``) and ``format``
-    (a ``\\boxed{}`` is present). Reward = correct + format_weight * format."""
+    (exactly one ``\\boxed{}``, holding a number). Reward = correct + format_weight * format."""
 
     def __init__(self, answer_format: AnswerFormat = "boxed", format_weight: float = 0.0):
         if answer_format not in ("boxed", "last_number", "either"):
@@ -76,6 +84,6 @@ class ArithmeticEnvironment:
         text = last_assistant_text(messages)
         answer, _ = extract_answer(text, self.answer_format)
         correct = float(numbers_equal(answer, metadata["answer"]))
-        fmt = float(extract_boxed(text) is not None)
+        fmt = float(count_boxed(text) == 1 and parse_number(extract_boxed(text)) is not None)
         return StepResult(reward=correct + self.format_weight * fmt,
                           reward_components={"correct": correct, "format": fmt}, done=True)

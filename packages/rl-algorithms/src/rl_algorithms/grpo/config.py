@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rl_algorithms.losses import ClippedPolicyGradientLoss, GSPOLoss, ImportanceSampling
+from rl_algorithms.rollout.config import EnvRunnerConfig
 from rl_core.config import StrictModel
 
 
@@ -132,6 +133,13 @@ class GRPOConfig(StrictModel):
     """Passes over each step's batch."""
     num_minibatches: int = Field(1, gt=0)
     """Optimizer steps per pass: the batch is split into this many minibatches (1: on-policy)."""
+    prev_logprobs: Literal["auto", "recompute", "training_forward"] = "auto"
+    """Where pi_old (the policy that generated the batch, as the trainer computes it) comes from.
+    ``recompute``: a forward pass over the batch before training. ``training_forward``: the training
+    forward's own logprobs, detached; exact only when the batch gets one optimizer step
+    (num_epochs = num_minibatches = 1), and it saves that forward pass. ``auto``:
+    ``training_forward`` when it is exact and nothing needs pi_old before training (KL in the
+    reward does), else ``recompute``."""
     temperature: float = Field(1.0, gt=0.0)
     """Sampling temperature; training logprobs use the same temperature."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -144,6 +152,8 @@ class GRPOConfig(StrictModel):
     max_turns: int = Field(1, gt=0)
     stop_strings: list[str] = Field(default_factory=list)
     """Extra strings that end a turn (the tokenizer's EOS always does)."""
+    env_runner: EnvRunnerConfig = Field(default_factory=EnvRunnerConfig)
+    """Where environment steps run (threads, a process pool or Ray actors) and their timeout."""
     placement: Literal["colocated", "separate"] = "colocated"
     """colocated: the generation backend sleeps while the policy trains (shared devices)."""
     val_every: int = Field(0, ge=0)
@@ -156,14 +166,31 @@ class GRPOConfig(StrictModel):
     """pass@k on held-out prompts from k samples at the training temperature (1: greedy accuracy only)."""
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     dapo: DAPOConfig = Field(default_factory=DAPOConfig)
+    log_samples: int = Field(4, ge=0)
+    """Episodes per step written to ``<output_dir>/samples.jsonl`` (prompt, turns, reward, parts)."""
     skip_steps_without_signal: bool = True
     """Skip the optimizer step when every advantage of the batch is 0 (nothing to learn)."""
+
+    @property
+    def single_update(self) -> bool:
+        """Whether each step's batch gets exactly one optimizer step (fully on-policy)."""
+        return self.num_epochs == 1 and self.num_minibatches == 1
+
+    def recompute_prev_logprobs(self, loss_cfg: LossConfig) -> bool:
+        """Whether pi_old needs its own forward pass before training (see ``prev_logprobs``)."""
+        if self.prev_logprobs == "auto":
+            return not self.single_update or loss_cfg.kl_in_reward
+        return self.prev_logprobs == "recompute"
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:
         b = self.dapo.overlong_buffer_length
         if b is not None and b > self.max_new_tokens:
             raise ValueError(f"dapo.overlong_buffer_length ({b}) exceeds grpo.max_new_tokens ({self.max_new_tokens})")
+        if self.prev_logprobs == "training_forward" and not self.single_update:
+            raise ValueError("grpo.prev_logprobs=training_forward needs one optimizer step per batch "
+                             f"(num_epochs=1, num_minibatches=1; got {self.num_epochs}, {self.num_minibatches}): "
+                             "use 'recompute' or 'auto'")
         batch = self.num_prompts_per_step * self.num_generations_per_prompt
         if batch % self.num_minibatches:
             raise ValueError(f"num_minibatches ({self.num_minibatches}) must divide the step's "

@@ -1,7 +1,8 @@
 """The GRPO training loop.
 
 One step: prompts -> ``num_generations_per_prompt`` samples each, graded by the environments ->
-previous (and reference) logprobs from the policy -> rewards and advantages -> one or more optimizer
+previous (and reference) logprobs from the policy (pi_old comes from the training forward itself
+when the batch gets a single optimizer step) -> rewards and advantages -> one or more optimizer
 steps -> refit the generation backend -> metrics, validation, checkpoint.
 
 Simplifications, stated: the driver holds the whole step's batch; validation is a callback
@@ -25,6 +26,7 @@ from rl_algorithms.grpo.data import PromptStream
 from rl_algorithms.grpo.rewards import compute_rewards_and_advantages
 from rl_algorithms.grpo.rollouts import generate_rollouts
 from rl_algorithms.losses import loss_token_mask, mismatch_metrics
+from rl_algorithms.rollout.env_runner import StepRunner
 from rl_core.batch import Batch, batch_size, select
 from rl_core.protocols import Environment, GenerationBackend, LossFn, TrainingBackend
 from rl_core.timer import Timer
@@ -40,6 +42,8 @@ class MetricsSink(Protocol):
 
     def log(self, metrics: dict[str, float], step: int, prefix: str = "train") -> Any: ...
 
+    # Optional: ``log_samples(samples: list[dict], step)`` receives example generations when present.
+
 
 def grpo_train(
     cfg: GRPOConfig,
@@ -54,13 +58,19 @@ def grpo_train(
     checkpointer: CheckpointManager | None = None,
     validate_fn: Callable[[int], Metrics] | None = None,
     seed: int = 0,
+    env_runner: StepRunner | None = None,
 ) -> list[Metrics]:
     """Train ``policy`` with GRPO for ``cfg.max_steps`` steps.
+
+    Environments run in ``env_runner`` for the whole run (the caller shuts it down); without one,
+    each step builds its own from ``cfg.env_runner`` (for Ray actors, pass one: they take seconds to start).
 
     Step metrics are logged as ``train/<name>`` and validation metrics (``validate_fn(step)``, every
     ``cfg.val_every`` steps, before the first and after the last) as ``val/<name>``. Returns one
     dict per logged step with the full names (the entry of step 0 holds the validation before
     training)."""
+    if cfg.prev_logprobs == "training_forward" and loss_cfg.kl_in_reward:
+        raise ValueError("loss.kl_in_reward needs pi_old before training: set grpo.prev_logprobs to 'auto' or 'recompute'")
     loss_fn = loss_cfg.build()
     prompts = PromptStream(train_data, seed)
     start_step, history = maybe_resume(checkpointer, policy, generation, prompts)
@@ -71,7 +81,7 @@ def grpo_train(
     for step in range(start_step, cfg.max_steps):
         timer = Timer()
         metrics = grpo_step(cfg, loss_cfg, loss_fn, policy, generation, tokenizer, prompts, environments,
-                            step=step, seed=seed, timer=timer)
+                            step=step, seed=seed, timer=timer, logger=logger, env_runner=env_runner)
         done = step + 1
         last = done == cfg.max_steps
         val_metrics: Metrics = {}
@@ -100,14 +110,18 @@ def grpo_step(
     step: int,
     seed: int,
     timer: Timer,
+    logger: MetricsSink | None = None,
+    env_runner: StepRunner | None = None,
 ) -> Metrics:
     """One GRPO step (0-based ``step``); returns its metrics (phase times are left in ``timer``)."""
     from rl_algorithms.rollout import episodes_to_batch
 
     metrics: Metrics = {}
     with timer.time("generate"):
-        episodes, rollout_metrics = generate_rollouts(cfg, generation, tokenizer, prompts, environments, step=step, seed=seed)
+        episodes, rollout_metrics = generate_rollouts(cfg, generation, tokenizer, prompts, environments, step=step,
+                                                      seed=seed, env_runner=env_runner)
     metrics.update(rollout_metrics)
+    log_examples(logger, episodes, cfg.log_samples, step + 1)
     metrics["throughput/generated_tokens_per_s"] = metrics["generated_tokens"] / max(timer.peek()["generate"], 1e-9)
     if cfg.placement == "colocated":
         generation.sleep()
@@ -115,10 +129,15 @@ def grpo_step(
     trained = False
     if episodes:
         batch = episodes_to_batch(episodes, tokenizer.pad_token_id)
-        with timer.time("logprobs"):
-            compute_prev_and_ref_logprobs(policy, batch, cfg.temperature, need_reference=loss_cfg.needs_reference)
-        metrics.update({f"mismatch/{k}": v for k, v in
-                        mismatch_metrics(batch["prev_logprobs"], batch["gen_logprobs"], loss_token_mask(batch)).items()})
+        # Without prev_logprobs in the batch the loss takes pi_old from its own forward (detached).
+        need_prev = cfg.recompute_prev_logprobs(loss_cfg)
+        if need_prev or loss_cfg.needs_reference:
+            with timer.time("logprobs"):
+                compute_prev_and_ref_logprobs(policy, batch, cfg.temperature, need_prev=need_prev,
+                                              need_reference=loss_cfg.needs_reference)
+        if need_prev:
+            metrics.update({f"mismatch/{k}": v for k, v in
+                            mismatch_metrics(batch["prev_logprobs"], batch["gen_logprobs"], loss_token_mask(batch)).items()})
         with timer.time("advantages"):
             metrics.update(compute_rewards_and_advantages(episodes, batch, cfg, loss_cfg))
         if has_learning_signal(batch, loss_cfg) or not cfg.skip_steps_without_signal:
@@ -136,10 +155,29 @@ def grpo_step(
     return metrics
 
 
-def compute_prev_and_ref_logprobs(policy: TrainingBackend, batch: Batch, temperature: float, *, need_reference: bool) -> None:
+def log_examples(logger: MetricsSink | None, episodes: Sequence[Any], count: int, step: int) -> None:
+    """Send ``count`` episodes, spread over the batch, to ``logger.log_samples`` (when it has one):
+    the prompt's last message, what followed it (model turns and observations), reward and parts."""
+    log_samples = getattr(logger, "log_samples", None)
+    if not episodes or count <= 0 or log_samples is None:
+        return
+    picked = [episodes[i * len(episodes) // min(count, len(episodes))] for i in range(min(count, len(episodes)))]
+    log_samples([{
+        "prompt": ep.sample.messages[-1]["content"] if ep.sample.messages else "",
+        "turns": ep.messages[len(ep.sample.messages):],
+        "reward": ep.reward,
+        "reward_components": ep.reward_components,
+        "truncated": ep.truncated,
+        "env_error": ep.error,
+    } for ep in picked], step)
+
+
+def compute_prev_and_ref_logprobs(policy: TrainingBackend, batch: Batch, temperature: float, *,
+                                  need_reference: bool, need_prev: bool = True) -> None:
     """Add ``prev_logprobs`` (the policy before this step's updates) and, for a KL term,
     ``ref_logprobs`` to ``batch``."""
-    batch["prev_logprobs"] = policy.logprobs(batch, temperature=temperature).float()
+    if need_prev:
+        batch["prev_logprobs"] = policy.logprobs(batch, temperature=temperature).float()
     if need_reference:
         batch["ref_logprobs"] = policy.reference_logprobs(batch, temperature=temperature).float()
 

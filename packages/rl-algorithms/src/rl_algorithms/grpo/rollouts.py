@@ -10,6 +10,7 @@ from rl_algorithms.advantages import DynamicSamplingBuffer
 from rl_algorithms.grpo.config import GRPOConfig
 from rl_algorithms.grpo.data import PromptStream
 from rl_algorithms.grpo.rewards import episode_metrics, groups_have_signal
+from rl_algorithms.rollout.env_runner import StepRunner
 from rl_core.protocols import Environment, GenerationBackend
 from rl_core.types import SamplingParams
 
@@ -61,14 +62,23 @@ def generate_rollouts(
     *,
     step: int,
     seed: int,
+    env_runner: StepRunner | None = None,
 ) -> tuple[list[Any], dict[str, float]]:
     """Episodes of ``num_prompts_per_step`` groups of ``num_generations_per_prompt`` samples, and
     metrics of everything generated (rewards, lengths, truncation, tokens).
 
     With DAPO dynamic sampling, groups whose rewards are all equal are dropped and more prompts are
     generated (at most ``dapo.max_extra_rounds`` extra rounds); the step then trains on the groups it
-    collected, possibly fewer than asked for.
+    collected, possibly fewer than asked for. Environments run in ``env_runner`` (kept for the next
+    step), or in one built from ``cfg.env_runner`` for this call only.
     """
+    if env_runner is None:
+        runner = cfg.env_runner.build(environments)
+        try:
+            return generate_rollouts(cfg, generation, tokenizer, prompts, environments, step=step, seed=seed,
+                                     env_runner=runner)
+        finally:
+            runner.shutdown()
     from rl_algorithms.rollout import run_rollouts  # written alongside; imported late to keep imports light
 
     buffer: DynamicSamplingBuffer[list[Any]] = DynamicSamplingBuffer(
@@ -85,6 +95,8 @@ def generate_rollouts(
             num_generations_per_prompt=cfg.num_generations_per_prompt,
             max_turns=cfg.max_turns,
             max_total_length=cfg.max_total_length,
+            env_timeout_s=cfg.env_runner.timeout_s,
+            env_runner=env_runner,
         )
         all_episodes.extend(episodes)
         groups = group_episodes(episodes)

@@ -14,8 +14,8 @@ multiplies ``L_t``; ``kl_coef * KL_t`` to the reference policy is added; and ``p
 (-logpi_theta,t)`` on samples with reward > 0. Every term is reduced ``token``- or ``sequence``-level
 with the global denominators of the :class:`~rl_core.types.Normalizer`.
 
-Batch keys: ``loss_mask`` [B, T], ``advantages`` [B] or [B, T], ``prev_logprobs`` [B, T] (not needed for
-``reinforce``), optional ``sample_mask`` [B]; ``gen_logprobs`` [B, T] (importance sampling and
+Batch keys: ``loss_mask`` [B, T], ``advantages`` [B] or [B, T], ``prev_logprobs`` [B, T] (when absent: this forward's
+logprobs, detached, i.e. ratio 1 with the gradient of a single on-policy update), optional ``sample_mask`` [B]; ``gen_logprobs`` [B, T] (importance sampling and
 mismatch metrics), ``ref_logprobs`` [B, T] (when ``kl_coef > 0``), ``rewards`` [B] (when
 ``positive_nll_coef > 0``).
 """
@@ -92,6 +92,9 @@ class ClippedPolicyGradientLoss:
 
     def __call__(self, outputs: ModelOutputs, batch: Batch, normalizer: Normalizer) -> tuple[torch.Tensor, dict[str, float]]:
         logprobs = outputs.logprobs.float()  # [B, T]
+        if "prev_logprobs" not in batch:
+            # pi_old = this forward's own logprobs: exact when the batch gets one optimizer step.
+            batch = {**batch, "prev_logprobs": logprobs.detach()}
         mask = loss_token_mask(batch)  # [B, T]
         advantages = broadcast_to_tokens(batch["advantages"].float(), logprobs)  # [B, T]
         metrics: dict[str, float] = {}

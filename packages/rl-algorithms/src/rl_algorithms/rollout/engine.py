@@ -3,8 +3,8 @@
 The loop (``run_rollouts``):
 
 1. every prompt is generated ``num_generations_per_prompt`` times in one call (they share the prefill);
-2. each finished turn is handed to its environment at once (threads or processes), so environments
-   work while the engine generates the next turns of other episodes;
+2. each finished turn is handed to its environment at once (threads, processes or Ray actors), so
+   environments work while the engine generates the next turns of other episodes;
 3. episodes whose environment replied are batched into the next generate call; episodes end when the
    environment says done, at ``max_turns``, at ``max_total_length`` or on an environment error.
 
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rl_algorithms.rollout.chat_tokens import ChatTokens
-from rl_algorithms.rollout.env_runner import EnvRunner, check_step_result
+from rl_algorithms.rollout.env_runner import SINGLE_ENV, EnvRunner, StepRunner, check_step_result, environment_map
 from rl_algorithms.rollout.episode import Episode
 from rl_core.protocols import Environment, GenerationBackend
 from rl_core.types import Completion, PromptSample, SamplingParams
@@ -33,7 +33,6 @@ logger = logging.getLogger(__name__)
 # so fast environments' episodes share one generate call while a slow one keeps working.
 _BATCH_GRACE_S = 0.05
 _TURN_SEED_STRIDE = 7_777_777
-_SINGLE_ENV = "__env__"
 
 
 @dataclasses.dataclass
@@ -64,7 +63,7 @@ def run_rollouts(
     env_timeout_s: float = 30.0,
     env_workers: int = 0,
     default_env: str | None = None,
-    env_runner: EnvRunner | None = None,
+    env_runner: StepRunner | None = None,
 ) -> list[Episode]:
     """Episodes for every sample x generation, in order ``[sample 0 gen 0, sample 0 gen 1, ...]``.
 
@@ -72,15 +71,21 @@ def run_rollouts(
     ``sample.env`` (or ``default_env``) choosing. ``max_total_length`` caps prompt + all turns in tokens.
     ``stop_strings_per_turn`` end a model turn (e.g. ``"</tool_call>"``) in addition to
     ``sampling.stop_strings``. ``env_workers``: 0 runs environments in threads here, > 0 in that many
-    processes (or pass a reusable ``env_runner``).
+    processes. Or pass a reusable ``env_runner`` (``EnvRunner``, ``RayEnvRunner``, or one built by
+    ``EnvRunnerConfig.build``): it is left running, with workers lost to hung tasks replaced.
+    ``env_timeout_s`` counts from the moment a task is submitted, so a runner needs enough workers
+    for the tasks of one turn to start in time.
     """
     if num_generations_per_prompt < 1 or max_turns < 1:
         raise ValueError("num_generations_per_prompt and max_turns must be >= 1")
-    env_map = _environment_map(environments)
+    env_map = environment_map(environments)
     chat = ChatTokens(tokenizer)
     live = _start_episodes(samples, env_map, default_env, chat, num_generations_per_prompt, max_total_length)
     turn_sampling = dataclasses.replace(sampling, stop_strings=tuple(sampling.stop_strings) + tuple(stop_strings_per_turn))
     runner = env_runner or EnvRunner(env_map, env_workers)
+    if missing := sorted(set(env_map) - set(runner.environments)):
+        raise ValueError(f"env_runner has no environment named {missing}: build it from the same environments "
+                         "that run_rollouts gets")
     pending: dict[cf.Future, tuple[list[_Live], float]] = {}
     try:
         ready = [ep for ep in live if not ep.episode.truncated]
@@ -96,22 +101,14 @@ def run_rollouts(
     finally:
         if env_runner is None:
             runner.shutdown()
+        else:
+            runner.recover()
     return [ep.episode for ep in live]
 
 
-def _environment_map(environments: Mapping[str, Environment] | Environment) -> dict[str, Environment]:
-    if isinstance(environments, Mapping):
-        if not environments:
-            raise ValueError("run_rollouts needs at least one environment")
-        return dict(environments)
-    if not hasattr(environments, "step"):
-        raise TypeError(f"{type(environments).__name__} is not an Environment (it has no step method)")
-    return {_SINGLE_ENV: environments}
-
-
 def _env_name(sample: PromptSample, env_map: Mapping[str, Environment], default_env: str | None) -> str:
-    if list(env_map) == [_SINGLE_ENV]:
-        return _SINGLE_ENV
+    if list(env_map) == [SINGLE_ENV]:
+        return SINGLE_ENV
     name = sample.env or default_env
     if name is None and len(env_map) == 1:
         name = next(iter(env_map))
@@ -182,7 +179,7 @@ def _record_turn(ep: _Live, completion: Completion, chat: ChatTokens, max_turns:
     ep.final_turn = at_length_cap or ep.turn_limit
 
 
-def _submit_env_steps(runner: EnvRunner, turned: list[_Live], pending: dict) -> None:
+def _submit_env_steps(runner: StepRunner, turned: list[_Live], pending: dict) -> None:
     """One task per episode, or one per environment for environments that grade in batches."""
     by_env: dict[str, list[_Live]] = {}
     for ep in turned:
@@ -196,7 +193,7 @@ def _submit_env_steps(runner: EnvRunner, turned: list[_Live], pending: dict) -> 
             pending[runner.submit(name, items)] = (group, now)
 
 
-def _collect_env_results(pending: dict, runner: EnvRunner, chat: ChatTokens, timeout_s: float,
+def _collect_env_results(pending: dict, runner: StepRunner, chat: ChatTokens, timeout_s: float,
                          max_total_length: int | None) -> list[_Live]:
     """Wait for environment results (at least one, or a timeout); return episodes ready for another turn."""
     if not pending:
@@ -217,7 +214,7 @@ def _collect_env_results(pending: dict, runner: EnvRunner, chat: ChatTokens, tim
         elif now - start >= timeout_s:
             del pending[future]
             future.cancel()
-            runner.abandon_hung()
+            runner.abandon(future)
             for ep in group:
                 _fail(ep, f"environment {ep.env_name!r} did not answer within {timeout_s:g} s")
     return ready

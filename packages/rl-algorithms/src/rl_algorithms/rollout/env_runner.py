@@ -1,8 +1,13 @@
-"""Running environment steps next to generation: in daemon threads or in a pool of processes.
+"""Running environment steps next to generation: in daemon threads or in a pool of processes
+(Ray actors: ``ray_env_runner.RayEnvRunner``, the same interface).
 
 A task is one call of an environment on one or more episodes (``step_batch`` when the environment
 has it, else ``step``). Results are checked here: anything that is not a well-formed ``StepResult``
 with finite rewards counts as an environment error, never as a crash of the run.
+
+A runner: ``environments`` (name -> environment), ``submit(env_name, items) -> Future``,
+``abandon(future)`` (the engine gave up on a task after its timeout), ``recover()`` (after a round of
+rollouts: replace workers lost to hung tasks, so the runner can be reused) and ``shutdown()``.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import os
 import signal
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from rl_core.protocols import Environment
 from rl_core.types import StepResult
@@ -22,6 +27,33 @@ from rl_core.types import StepResult
 StepInput = tuple[list[dict[str, str]], dict[str, Any], dict | None]  # (messages, metadata, state)
 
 _WORKER_ENVS: Mapping[str, Environment] = {}
+SINGLE_ENV = "__env__"
+"""The name a lone environment (not a mapping) goes by."""
+
+
+class StepRunner(Protocol):
+    """What the rollout engine needs from a runner (``EnvRunner``, ``RayEnvRunner``)."""
+
+    environments: Mapping[str, Environment]
+
+    def submit(self, env_name: str, items: list[StepInput]) -> cf.Future: ...
+
+    def abandon(self, future: cf.Future) -> None: ...
+
+    def recover(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def environment_map(environments: Mapping[str, Environment] | Environment) -> dict[str, Environment]:
+    """``environments`` as a name -> environment dict (a lone environment is named ``SINGLE_ENV``)."""
+    if isinstance(environments, Mapping):
+        if not environments:
+            raise ValueError("run_rollouts needs at least one environment")
+        return dict(environments)
+    if not hasattr(environments, "step"):
+        raise TypeError(f"{type(environments).__name__} is not an Environment (it has no step method)")
+    return {SINGLE_ENV: environments}
 
 
 def call_environment(env: Environment, items: list[StepInput]) -> list[Any]:
@@ -66,15 +98,18 @@ class EnvRunner:
     (a hung environment cannot block exit), ``> 0`` in a process pool (forkserver) that received the
     environments once at start-up."""
 
-    def __init__(self, environments: Mapping[str, Environment], num_workers: int = 0):
-        self.environments = dict(environments)
+    def __init__(self, environments: Mapping[str, Environment] | Environment, num_workers: int = 0):
+        self.environments = environment_map(environments)
         self.num_workers = num_workers
         self._pool: cf.ProcessPoolExecutor | None = None
         self.broken = False
         if num_workers > 0:
-            method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-            self._pool = cf.ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context(method),
-                                                initializer=_init_worker, initargs=(self.environments,))
+            self._pool = self._new_pool()
+
+    def _new_pool(self) -> cf.ProcessPoolExecutor:
+        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+        return cf.ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context(method),
+                                      initializer=_init_worker, initargs=(self.environments,))
 
     def submit(self, env_name: str, items: list[StepInput]) -> cf.Future:
         if self._pool is not None:
@@ -93,9 +128,16 @@ class EnvRunner:
         threading.Thread(target=work, name=f"env-{env_name}", daemon=True).start()
         return future
 
-    def abandon_hung(self) -> None:
-        """A task timed out: in pool mode its worker may be stuck forever, so the pool must go."""
+    def abandon(self, future: cf.Future) -> None:
+        """A task timed out: in pool mode its worker may be stuck forever, so the pool must go
+        (at ``recover`` or ``shutdown``). A hung thread is left behind (daemon)."""
         self.broken = True
+
+    def recover(self) -> None:
+        """After a round of rollouts (no task of it pending): replace a pool that has a hung worker."""
+        if self._pool is not None and self.broken:
+            self.shutdown()
+            self._pool, self.broken = self._new_pool(), False
 
     def shutdown(self) -> None:
         if self._pool is None:

@@ -45,10 +45,12 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool = False) -> None:
     """Megatron-style plan per decoder layer: q/k/v and gate/up column-wise, o/down row-wise
     (one all-reduce after attention and one after the MLP). lm_head column-wise with replicated
-    (gathered) logits unless tied to the embeddings. Embeddings and norms stay replicated."""
+    (gathered) logits unless tied to the embeddings. Embeddings and norms stay replicated.
+
+    ``sequence_parallel``: see ``_sequence_parallel_plans``."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -62,19 +64,74 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
             f"tensor_parallel_size={tp} must divide num_attention_heads={config.num_attention_heads} "
             f"and num_key_value_heads={kv_heads}"
         )
+    if sequence_parallel:
+        layer_plan, model_plan = _sequence_parallel_plans(model)
+    else:
+        layer_plan = {
+            "self_attn.q_proj": ColwiseParallel(),
+            "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(),
+            "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(),
+            "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(),
+        }
+        model_plan = {}
+        if hasattr(model, "lm_head") and not config.tie_word_embeddings:
+            model_plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
+    for layer in decoder_layers(model):
+        parallelize_module(layer, tp_mesh, layer_plan)
+    if model_plan:
+        parallelize_module(model, tp_mesh, model_plan)
+
+
+def _sequence_parallel_plans(model: nn.Module) -> tuple[dict, dict]:
+    """(per-layer plan, whole-model plan) of tensor + sequence parallelism.
+
+    Between the blocks, the residual stream ``[b, t, h]`` is a DTensor sharded on the sequence
+    (``Shard(1)``; t need not divide by tp): the embedding output is split (no communication), each
+    RMSNorm runs on its t/tp rows (``SequenceParallel``, weights replicated), each block all-gathers
+    its input to full length (attention needs every position), and the row-wise o/down projections
+    reduce-scatter their partial sums back to ``Shard(1)`` instead of all-reducing them. The stream
+    stays a DTensor, not a local tensor, so HF's mask and position code read the global shape and
+    the head's ``logits_to_keep`` slice picks global positions. The head gathers the sequence."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    seq, full = Shard(1), Replicate()
     layer_plan = {
+        "input_layernorm": SequenceParallel(),
+        # LlamaDecoderLayer calls self_attn with keyword arguments, the MLP positionally.
+        "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": seq},
+                                        desired_input_kwarg_layouts={"hidden_states": full}, use_local_output=True),
         "self_attn.q_proj": ColwiseParallel(),
         "self_attn.k_proj": ColwiseParallel(),
         "self_attn.v_proj": ColwiseParallel(),
-        "self_attn.o_proj": RowwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(output_layouts=seq, use_local_output=False),
+        "post_attention_layernorm": SequenceParallel(),
+        "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(full,), use_local_output=True),
         "mlp.gate_proj": ColwiseParallel(),
         "mlp.up_proj": ColwiseParallel(),
-        "mlp.down_proj": RowwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=seq, use_local_output=False),
     }
-    for layer in decoder_layers(model):
-        parallelize_module(layer, tp_mesh, layer_plan)
-    if hasattr(model, "lm_head") and not config.tie_word_embeddings:
-        parallelize_module(model, tp_mesh, {"lm_head": ColwiseParallel(output_layouts=Replicate())})
+    prefix = getattr(model, "base_model_prefix", "model")
+    model_plan = {
+        f"{prefix}.embed_tokens": PrepareModuleOutput(output_layouts=full, desired_output_layouts=seq,
+                                                      use_local_output=False),
+        f"{prefix}.norm": SequenceParallel(),
+    }
+    head = "score" if hasattr(model, "score") else "lm_head"
+    if head == "lm_head" and not model.config.tie_word_embeddings:
+        model_plan[head] = ColwiseParallel(input_layouts=seq, output_layouts=full)
+    else:  # a replicated head (tied lm_head, reward score) gets the gathered, local hidden states
+        model_plan[head] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(full,), use_local_output=True)
+    return layer_plan, model_plan
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, cfg: TrainBackendConfig, on_gpu: bool) -> None:
@@ -108,9 +165,10 @@ def build_parallel_model(model_path: str, cfg: TrainBackendConfig, mesh: DeviceM
         model.requires_grad_(False)
     if on_gpu and not cfg.cpu_offload:
         model.to(torch.device("cuda", torch.cuda.current_device()))
-    # 2. Tensor parallel over "tp" (plain Linear weights become Shard(0)/Shard(1) DTensors).
+    # 2. Tensor parallel over "tp" (plain Linear weights become Shard(0)/Shard(1) DTensors; with
+    #    sequence parallel the norms' weights become replicated DTensors).
     if cfg.tensor_parallel_size > 1:
-        apply_tensor_parallel(model, mesh["tp"])
+        apply_tensor_parallel(model, mesh["tp"], sequence_parallel=cfg.sequence_parallel)
     # 3. Activation checkpointing per decoder layer (HF's non-reentrant checkpointing keeps FQNs).
     if trainable and cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -78,7 +78,8 @@ class DTensorWorker:
             opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
         for mb in self._micro_batches(local):
-            outputs = self._outputs(self.model, mb, temperature, need_logits=loss_fn.needs_logits, need_entropy=True)
+            outputs = self._outputs(self.model, mb, temperature, need_logits=loss_fn.needs_logits, need_entropy=True,
+                                    loss_tokens_only=True)
             if mb.dummy:
                 loss = _zero_loss(outputs)
             else:
@@ -88,7 +89,7 @@ class DTensorWorker:
                     sums[key] += float(value)
             loss.backward()
         self._reduce_gradients()
-        grad_norm = clip_grad_norm(self.trainable, self.cfg.max_grad_norm)
+        grad_norm = self._clip_gradients()
         lrs = [opt.param_groups[0]["lr"] for opt in self.optimizers]
         for opt, sched in zip(self.optimizers, self.schedulers):
             opt.step()
@@ -261,6 +262,10 @@ class DTensorWorker:
     def _reduce_gradients(self) -> None:
         """Nothing to do: FSDP2 reduce-scatters (sums) gradients over "dp" during backward."""
 
+    def _clip_gradients(self) -> float:
+        """Global gradient norm (DTensors made full), clipped to ``max_grad_norm``."""
+        return clip_grad_norm(self.trainable, self.cfg.max_grad_norm)
+
     def _checkpoint_state(self) -> dict:
         """What DCP saves / loads into: ``{"model": {hf_name: tensor}, "optimizer": ...}``."""
         model_sd, optim_sd = get_state_dict(self.model, self.optimizers)
@@ -279,10 +284,11 @@ class DTensorWorker:
         return mbs + [dummy] * (int(count) - len(mbs))
 
     def _outputs(self, model, mb: MicroBatch, temperature: float, *, need_logits: bool,
-                 need_entropy: bool) -> ModelOutputs:
+                 need_entropy: bool, loss_tokens_only: bool = False) -> ModelOutputs:
         score_head = getattr(model, "score", None) if self.cfg.task == "reward_model" else None
         return model_outputs(model, mb, device=self.device, temperature=temperature, need_logits=need_logits,
-                             need_entropy=need_entropy and score_head is None, score_head=score_head)
+                             need_entropy=need_entropy and score_head is None, score_head=score_head,
+                             loss_tokens_only=loss_tokens_only)
 
     @contextlib.contextmanager
     def _reference_weights(self, reference: bool):

@@ -5,10 +5,13 @@ Applied only when CUDA is absent (``apply_cpu_shims`` is a no-op on a GPU machin
 1. ``GlobalMemoryBuffer.get_tensor`` allocates on ``torch.cuda.current_device()``; the shim
    allocates on the CPU instead.
 2. The CUDA RNG tracker's ``fork`` saves/restores CUDA RNG state around dropout in
-   tensor-parallel regions; the shim makes it an empty context (no dropout in our models; with
-   TP=1 there is no parallel region whose RNG streams must differ).
+   tensor-parallel regions; the shim makes it an empty context (attention and hidden dropout are 0
+   in the configs this backend builds, so no random stream is drawn inside it, at any TP size).
 3. ``RotaryEmbedding.get_emb`` moves ``inv_freq`` to ``torch.cuda.current_device()`` on first use
    (the two shims in ARCHITECTURE.md were measured without RoPE); the shim leaves it on the CPU.
+4. Activation recompute (``tensor_parallel.checkpoint``) saves and restores the CPU RNG state, the
+   CUDA RNG state and the tracker's states around the recomputed forward; reading the CUDA state
+   raises without CUDA. The shim saves/restores the CPU state and the tracker's (CPU) states only.
 """
 
 from __future__ import annotations
@@ -52,8 +55,18 @@ def apply_cpu_shims() -> bool:
             emb = torch.cat((freqs, freqs), dim=-1)
         return emb[:, None, None, :]  # [seq, 1, 1, dim]
 
+    def get_rng_states_without_cuda():
+        return torch.get_rng_state(), None, mcore_random.get_cuda_rng_tracker().get_states()
+
+    def set_rng_states_without_cuda(cpu_rng_state, _cuda_rng_state, tracker_states):
+        torch.set_rng_state(cpu_rng_state)
+        mcore_random.get_cuda_rng_tracker().set_states(tracker_states)
+
     mcore_utils.GlobalMemoryBuffer.get_tensor = get_tensor_on_cpu
     RotaryEmbedding.get_emb = rope_emb_on_cpu
     mcore_random.CudaRNGStatesTracker.fork = fork_without_cuda
+    # CheckpointFunction and _fork_rng look these module globals up at call time.
+    mcore_random._get_all_rng_states = get_rng_states_without_cuda
+    mcore_random._set_all_rng_states = set_rng_states_without_cuda
     _applied = True
     return True

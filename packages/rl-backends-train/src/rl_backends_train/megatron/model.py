@@ -4,6 +4,10 @@
 ``.logits`` like an HF causal LM, so micro-batching, packing and the logprob code are shared with
 the DTensor backend. Masks: a 2-D padding mask (right padding) becomes Megatron's causal mask; a
 4-D boolean packing mask (True = may attend) is inverted to Megatron's True = masked out.
+
+With tensor parallelism each rank holds its shards (``tp_shards``); the vocab-parallel logits are
+gathered to full ``[b, t, V]`` on every rank, and the HF-name views gather the full tensors (collectives
+over the tensor-parallel group: every rank of the group must call them).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rl_backends_train.megatron import tp_shards
+
 _FAMILIES = ("llama", "qwen2")
 
 
@@ -22,8 +28,11 @@ def rope_theta(config) -> float:
     return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 
-def transformer_config(hf_config, dtype: torch.dtype):
-    """megatron-core TransformerConfig equal to the HF model (RMSNorm, SwiGLU, RoPE, GQA)."""
+def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: int = 1, recompute: bool = False):
+    """megatron-core TransformerConfig equal to the HF model (RMSNorm, SwiGLU, RoPE, GQA).
+
+    ``recompute``: Megatron's full recompute of every decoder layer in backward (``uniform``, one
+    layer per unit), the same granularity as the DTensor backend's activation checkpointing."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     if hf_config.model_type not in _FAMILIES:
@@ -31,7 +40,11 @@ def transformer_config(hf_config, dtype: torch.dtype):
     if (getattr(hf_config, "rope_parameters", None) or {}).get("rope_type", "default") != "default":
         raise ValueError("the Megatron backend supports plain RoPE only (no rope scaling)")
     heads = hf_config.num_attention_heads
+    recompute_kwargs = {}
+    if recompute:
+        recompute_kwargs = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     return TransformerConfig(
+        tensor_model_parallel_size=tensor_parallel_size,
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
         num_attention_heads=heads,
@@ -55,20 +68,27 @@ def transformer_config(hf_config, dtype: torch.dtype):
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=True,
+        **recompute_kwargs,
     )
 
 
 class MegatronCausalLM(nn.Module):
-    """A GPTModel (local layer spec, TP = PP = 1) with an HF causal-LM calling convention."""
+    """A GPTModel (local layer spec, pipeline 1) with an HF causal-LM calling convention; this
+    rank's tensor-parallel shard when model parallelism is initialised with TP > 1."""
 
-    def __init__(self, hf_config, dtype: torch.dtype) -> None:
+    def __init__(self, hf_config, dtype: torch.dtype, *, recompute: bool = False) -> None:
         super().__init__()
+        from megatron.core import parallel_state
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
         self.config = hf_config
+        self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        tp_shards.check_fits(hf_config, self.tp_size)
         self.gpt = GPTModel(
-            transformer_config(hf_config, dtype),
+            transformer_config(hf_config, dtype, tensor_parallel_size=self.tp_size, recompute=recompute),
             get_gpt_layer_local_spec(normalization="RMSNorm"),
             vocab_size=hf_config.vocab_size,
             max_sequence_length=hf_config.max_position_embeddings,
@@ -78,7 +98,9 @@ class MegatronCausalLM(nn.Module):
         )
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None) -> SimpleNamespace:
+                position_ids: torch.Tensor | None = None, logits_to_keep: int = 0) -> SimpleNamespace:
+        """HF-style call; ``logits_to_keep > 0`` returns the logits of the last that many positions
+        (computed in full: GPTModel has no hook before its output layer)."""
         b, t = input_ids.shape
         if attention_mask is not None and attention_mask.dim() == 4:
             masked_out = ~attention_mask.bool()  # [b, 1, t, t]
@@ -87,21 +109,70 @@ class MegatronCausalLM(nn.Module):
             masked_out = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).triu(1)[None, None]
         if position_ids is None:
             position_ids = torch.arange(t, device=input_ids.device)[None].expand(b, -1)
-        logits = self.gpt(input_ids, position_ids, masked_out.expand(b, 1, t, t))
+        logits = self.gpt(input_ids, position_ids, masked_out.expand(b, 1, t, t))  # [b, t, V / tp]
+        if self.tp_size > 1:
+            logits = tp_shards.GatherVocabShards.apply(logits, self.tp_group)
+        if logits_to_keep > 0:
+            logits = logits[:, -logits_to_keep:]
         return SimpleNamespace(logits=logits)
 
     # HF names <-> Megatron names through rl_checkpoint's mapping (the converter's, shared).
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+    def hf_shapes(self) -> dict[str, torch.Tensor]:
+        """Meta tensors with the full (unsharded) HF shapes and dtypes; no communication."""
         from rl_checkpoint.megatron_mapping import megatron_to_hf
 
-        own = {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")}
-        return megatron_to_hf(own, self.config.to_dict())
+        meta = {name: torch.empty(tp_shards.full_shape(name, t.shape, self.tp_size), dtype=t.dtype, device="meta")
+                for name, t in self._own_state().items()}
+        return megatron_to_hf(meta, self.config.to_dict())
+
+    def hf_state_dict(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+        """Full HF tensors (all of them, or ``names``). With TP > 1 a collective over the
+        tensor-parallel group that gathers only the Megatron tensors ``names`` come from."""
+        from rl_checkpoint.megatron_mapping import megatron_to_hf
+
+        own = self._own_state()
+        if names is not None:
+            sources = _hf_sources(names)
+            own = {k: v for k, v in own.items() if _megatron_source(k) & sources}
+        full = {k: tp_shards.gather_full(k, v, self.tp_group) for k, v in own.items()}
+        hf = megatron_to_hf(full, self.config.to_dict())
+        return hf if names is None else {name: hf[name] for name in names}
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load full HF tensors; each rank keeps its tensor-parallel shard."""
         from rl_checkpoint.megatron_mapping import hf_to_megatron
 
         mapped = hf_to_megatron(state_dict, self.config.to_dict())
+        mapped = {k: tp_shards.split_for_rank(k, v, self.tp_size, self.tp_rank) for k, v in mapped.items()}
         missing, unexpected = self.gpt.load_state_dict(mapped, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]
         if missing or unexpected:
             raise RuntimeError(f"HF weights do not fit the GPTModel: missing {missing}, unexpected {unexpected}")
+
+    def _own_state(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")}
+
+
+def _hf_sources(hf_names: list[str]) -> set[str]:
+    """Keys of the Megatron tensors that HF tensors ``hf_names`` are made from (see ``_megatron_source``)."""
+    keys = set()
+    for name in hf_names:
+        parts = name.split(".")
+        if name.startswith("model.layers."):
+            keys.add(f"layer{parts[2]}")
+        elif name == "model.norm.weight":
+            keys.add("final_norm")
+        else:  # embed_tokens, lm_head (the embedding too, when Megatron shares it with the output layer)
+            keys |= {"embedding", "output"}
+    return keys
+
+
+def _megatron_source(megatron_name: str) -> set[str]:
+    parts = megatron_name.split(".")
+    if megatron_name.startswith("decoder.layers."):
+        return {f"layer{parts[2]}"}
+    if megatron_name.startswith("decoder.final_layernorm"):
+        return {"final_norm"}
+    if megatron_name.startswith("embedding."):
+        return {"embedding"}
+    return {"output"}

@@ -7,10 +7,11 @@ from rl_backends_train.megatron.worker import MegatronWorker, check_megatron_con
 
 
 class MegatronPolicy(DTensorPolicy):
-    """A megatron-core GPTModel per rank (TP = PP = 1, data parallel over ranks)."""
+    """A megatron-core GPTModel sharded over ranks (tensor parallel x data parallel, pipeline 1)."""
 
     worker_cls = MegatronWorker
 
     def __init__(self, cfg, model_path: str, *, seed: int = 0, name: str = "policy") -> None:
         check_megatron_config(cfg)  # fail in the driver, before any worker starts
         super().__init__(cfg, model_path, seed=seed, name=name)
+

@@ -2,8 +2,10 @@
 
 Shares the DTensor worker's operations (micro-batching, packing, losses, logprobs, top-k,
 checkpoint layout) and replaces what is model-specific: building a GPTModel from the HF weights,
-data-parallel gradient sums (an all-reduce; parameters are replicated), and HF names for refit,
-export and checkpoints. Covered: tensor_parallel_size = 1, causal_lm, no LoRA.
+data-parallel gradient sums (an all-reduce over the data-parallel group), the gradient norm over
+tensor-parallel shards, and HF names for refit, export and checkpoints. Covered: causal_lm, no LoRA,
+tensor parallel (Megatron's layers; ranks of a tensor-parallel group are neighbours, as in the
+DTensor backend's mesh), activation recompute.
 """
 
 from __future__ import annotations
@@ -14,23 +16,23 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, se
 
 from rl_backends_train.config import TrainBackendConfig
 from rl_backends_train.dtensor.worker import DTensorWorker
+from rl_backends_train.megatron import tp_shards
 from rl_backends_train.megatron.cpu_shims import apply_cpu_shims
 from rl_backends_train.megatron.model import MegatronCausalLM
-from rl_backends_train.optim import build_optimizers, build_schedulers
+from rl_backends_train.optim import build_optimizers, build_schedulers, clip_grad_norm
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def check_megatron_config(cfg: TrainBackendConfig) -> None:
     unsupported = []
-    if cfg.tensor_parallel_size != 1:
-        unsupported.append(f"tensor_parallel_size={cfg.tensor_parallel_size} (only 1)")
     if cfg.task != "causal_lm":
         unsupported.append(f"task={cfg.task!r} (only causal_lm)")
     if cfg.lora is not None:
         unsupported.append("lora (use backend=dtensor)")
-    if cfg.activation_checkpointing:
-        unsupported.append("activation_checkpointing")
+    if cfg.sequence_parallel:
+        unsupported.append("sequence_parallel (use backend=dtensor; Megatron's sequence-parallel collectives "
+                           "allocate on CUDA)")
     if unsupported:
         raise ValueError("the Megatron backend does not support: " + "; ".join(unsupported))
 
@@ -40,7 +42,7 @@ def build_megatron_model(model_path: str, cfg: TrainBackendConfig, device: torch
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(model_path)
-    model = MegatronCausalLM(hf_config, _DTYPES[cfg.dtype])
+    model = MegatronCausalLM(hf_config, _DTYPES[cfg.dtype], recompute=cfg.activation_checkpointing)
     model.load_hf_state_dict(_read_hf_weights(model_path, load_file))
     return model.to(device)
 
@@ -57,8 +59,20 @@ def _read_hf_weights(model_path: str, load_file) -> dict[str, torch.Tensor]:
     return weights
 
 
+def init_model_parallel(tensor_parallel_size: int) -> None:
+    """Megatron's process groups (order tp-cp-ep-dp-pp: tensor-parallel ranks are neighbours)."""
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        if parallel_state.get_tensor_model_parallel_world_size() == tensor_parallel_size:
+            return
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel_size,
+                                             pipeline_model_parallel_size=1)
+
+
 class MegatronWorker(DTensorWorker):
-    """A rank holding a full GPTModel replica (data parallel over all ranks)."""
+    """A rank holding its tensor-parallel shard of a GPTModel (data parallel over the shard groups)."""
 
     def __init__(self, cfg: TrainBackendConfig, model_path: str, seed: int = 0) -> None:
         from megatron.core import parallel_state
@@ -69,10 +83,18 @@ class MegatronWorker(DTensorWorker):
         self.model_path = model_path
         self.on_gpu = torch.cuda.is_available()
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
-        if not parallel_state.model_parallel_is_initialized():
-            parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
-        self.dp_group = dist.group.WORLD
-        self.dp_rank = dist.get_rank()
+        if dist.get_world_size() != cfg.num_workers:
+            raise ValueError(f"world size {dist.get_world_size()} != num_workers {cfg.num_workers}")
+        init_model_parallel(cfg.tensor_parallel_size)
+        self.dp_group = parallel_state.get_data_parallel_group()
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.tp_mesh = None  # the checkpoints' view of the tensor-parallel group
+        if cfg.tensor_parallel_size > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self.tp_mesh = init_device_mesh(self.device.type, (cfg.data_parallel_size, cfg.tensor_parallel_size),
+                                            mesh_dim_names=("dp", "tp"))["tp"]
         self.rank = dist.get_rank()
         torch.manual_seed(seed)
         self.model = build_megatron_model(model_path, cfg, self.device)
@@ -90,9 +112,10 @@ class MegatronWorker(DTensorWorker):
 
     # Weights in HF names (refit, export).
     def weight_buckets(self, bucket_bytes: int) -> list[list[str]]:
+        """Called on rank 0 alone: sizes come from shapes, without gathering."""
         buckets: list[list[str]] = [[]]
         size = 0
-        for name, tensor in self.model.hf_state_dict().items():
+        for name, tensor in self.model.hf_shapes().items():
             nbytes = tensor.numel() * tensor.element_size()
             if buckets[-1] and size + nbytes > bucket_bytes:
                 buckets.append([])
@@ -102,29 +125,63 @@ class MegatronWorker(DTensorWorker):
         return buckets
 
     def gather_weights(self, names: list[str]) -> dict[str, torch.Tensor] | None:
-        if self.rank != 0:
+        """Full HF tensors of ``names`` on rank 0 (others: None); every rank must call it (TP gathers)."""
+        if self.rank != 0 and self.cfg.tensor_parallel_size == 1:
             return None
-        state = self.model.hf_state_dict()
-        return {name: state[name].detach().cpu().clone() for name in names}
+        state = self.model.hf_state_dict(names)
+        return {name: state[name].detach().cpu().clone() for name in names} if self.rank == 0 else None
 
     def save_adapter(self, path: str) -> None:
         raise ValueError("the Megatron backend has no LoRA adapters")
 
     def _reduce_gradients(self) -> None:
-        """Replicated parameters: sum each gradient over the data-parallel ranks."""
-        if dist.get_world_size() == 1:
+        """Sum each gradient over the data-parallel ranks (Megatron's TP layers already did the
+        tensor-parallel reductions inside backward)."""
+        if dist.get_world_size(self.dp_group) == 1:
             return
         for param in self.trainable:
             if param.grad is not None:
-                dist.all_reduce(param.grad)
+                dist.all_reduce(param.grad, group=self.dp_group)
+
+    def _clip_gradients(self) -> float:
+        if self.cfg.tensor_parallel_size == 1:
+            return clip_grad_norm(self.trainable, self.cfg.max_grad_norm)
+        return clip_tensor_parallel_grad_norm(self.model, self.cfg.max_grad_norm, self.tp_group)
 
     def _checkpoint_state(self) -> dict:
-        """Model tensors under HF names (the rl-checkpoint contract); optimizer under Megatron FQNs."""
-        return {"model": self.model.hf_state_dict(), "optimizer": get_optimizer_state_dict(self.model, self.optimizers)}
+        """Model tensors under HF names (the rl-checkpoint contract; gathered to full with TP > 1);
+        optimizer under Megatron FQNs, tensor-parallel shards as DTensors (see ``tp_shards``)."""
+        optimizer = get_optimizer_state_dict(self.model, self.optimizers)
+        return {"model": self.model.hf_state_dict(),
+                "optimizer": tp_shards.optimizer_state_to_global(optimizer, self.tp_mesh)}
 
     def _restore_checkpoint_state(self, state: dict) -> None:
         self.model.load_hf_state_dict(state["model"])
-        set_optimizer_state_dict(self.model, self.optimizers, state["optimizer"])
+        set_optimizer_state_dict(self.model, self.optimizers, tp_shards.optimizer_state_to_local(state["optimizer"]))
+
+
+def clip_tensor_parallel_grad_norm(model: MegatronCausalLM, max_norm: float | None, tp_group) -> float:
+    """Global L2 norm of the full model's gradient: the squares of tensor-parallel shards are summed
+    over the group, replicated parameters (norms; same gradient on every TP rank) counted once."""
+    sharded = torch.zeros((), dtype=torch.float64)
+    replicated = torch.zeros((), dtype=torch.float64)
+    grads = []
+    for name, param in model.gpt.named_parameters():
+        if param.grad is None:
+            continue
+        grads.append(param.grad)
+        sq = param.grad.detach().double().pow(2).sum().cpu()
+        if tp_shards.shard_dim(name) is None:
+            replicated += sq
+        else:
+            sharded += sq
+    dist.all_reduce(sharded, group=tp_group)
+    total = float((sharded + replicated).sqrt())
+    if max_norm is not None and total > max_norm:
+        coef = max_norm / (total + 1e-6)
+        for g in grads:
+            g.mul_(coef)
+    return total
 
 
 def _hf_causal_lm_class(config) -> type:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import numbers
@@ -17,6 +18,7 @@ logger = logging.getLogger(__name__)
 
 JSONL_NAME = "metrics.jsonl"
 PLOT_NAME = "metrics.png"
+SAMPLES_NAME = "samples.jsonl"
 
 
 class MetricsLogger:
@@ -80,6 +82,29 @@ class MetricsLogger:
             self._guarded(name, sink.log, scalars, step)
         self._show(scalars, step, prefix)
         return scalars
+
+    def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
+        """Append example generations of ``step`` (JSON-serialisable dicts, e.g. prompt, response,
+        reward) to ``<run_dir>/samples.jsonl``, one line each with ``step`` added."""
+        if self._closed:
+            raise RuntimeError("MetricsLogger.log_samples() after close()")
+        if not samples:
+            return
+
+        def write() -> None:
+            with open(self.run_dir / SAMPLES_NAME, "a", encoding="utf-8") as f:
+                for sample in samples:
+                    f.write(json.dumps({"step": step, **sample}, ensure_ascii=False, default=str) + "\n")
+
+        self._guarded_call("samples.jsonl", write)
+
+    def _guarded_call(self, name: str, fn) -> None:
+        if name in self._warned:
+            return
+        try:
+            fn()
+        except OSError as e:
+            self._warn_once(name, f"writing {name} failed ({e}); no more samples are written")
 
     def _to_floats(self, metrics: dict[str, Any]) -> dict[str, float]:
         out = {}

@@ -1,0 +1,143 @@
+"""Full megatron-core GPTModel tensors <-> one tensor-parallel rank's shards, and the logits gather.
+
+megatron-core's tensor-parallel layout (local layer spec, no sequence parallel):
+
+* column-parallel / vocab-parallel, split on dim 0: ``word_embeddings``, ``output_layer``,
+  ``linear_qkv`` (weight and Qwen2's bias; its per-query-group interleaving makes a contiguous
+  split give each rank whole groups);
+* row-parallel, split on dim 1: ``linear_proj``, ``linear_fc2``;
+* ``linear_fc1`` = ``cat([gate, up])``: rank r holds ``cat([gate_r, up_r])``, each half split on dim 0;
+* everything else (the RMSNorm weights) is replicated.
+
+In checkpoints, optimizer state of a sharded parameter is a DTensor ``Shard(dim)`` over the
+tensor-parallel mesh, so DCP reshards it between TP sizes. ``linear_fc1`` state is stored as
+``[2, ffn, hidden]`` (gate, up) at every TP size: rank r's ``cat([gate_r, up_r])`` is then
+``Shard(1)`` of it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+_SPLIT_ROWS = ("word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias")
+_SPLIT_COLUMNS = ("linear_proj.weight", "linear_fc2.weight")
+_GLU = "linear_fc1.weight"
+
+
+def shard_dim(name: str) -> int | None:
+    """The dimension ``name`` is split on across tensor-parallel ranks (None: replicated)."""
+    if name.endswith(_SPLIT_ROWS) or name.endswith(_GLU):
+        return 0
+    if name.endswith(_SPLIT_COLUMNS):
+        return 1
+    return None
+
+
+def split_for_rank(name: str, full: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s shard of the full tensor ``name``."""
+    dim = shard_dim(name)
+    if dim is None:
+        return full
+    if name.endswith(_GLU):
+        gate, up = full.chunk(2, dim=0)
+        return torch.cat([gate.chunk(tp, dim=0)[rank], up.chunk(tp, dim=0)[rank]])
+    return full.chunk(tp, dim=dim)[rank].contiguous()
+
+
+def join_shards(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
+    """Inverse of ``split_for_rank`` over all ranks' shards (in tensor-parallel rank order)."""
+    dim = shard_dim(name)
+    if dim is None:
+        return shards[0]
+    if name.endswith(_GLU):
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves])
+    return torch.cat(shards, dim=dim)
+
+
+def full_shape(name: str, local_shape: torch.Size, tp: int) -> torch.Size:
+    dim = shard_dim(name)
+    if dim is None:
+        return local_shape
+    shape = list(local_shape)
+    shape[dim] *= tp
+    return torch.Size(shape)
+
+
+def gather_full(name: str, local: torch.Tensor, group) -> torch.Tensor:
+    """The full tensor ``name`` from every rank's shard; a collective over ``group``."""
+    if shard_dim(name) is None or dist.get_world_size(group) == 1:
+        return local
+    shards = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(shards, local.contiguous(), group=group)
+    return join_shards(name, shards)
+
+
+def optimizer_state_to_global(optim_state: dict, mesh) -> dict:
+    """``get_optimizer_state_dict`` output with each sharded parameter's state tensors made global
+    (DTensors over the 1-D tensor-parallel ``mesh``; plain tensors when ``mesh`` is None)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    def to_global(name: str, local: torch.Tensor) -> torch.Tensor:
+        dim = shard_dim(name)
+        if dim is None or local.ndim == 0:
+            return local
+        if name.endswith(_GLU):
+            local, dim = local.unflatten(0, (2, -1)), 1
+        return local if mesh is None else DTensor.from_local(local, mesh, [Shard(dim)], run_check=False)
+
+    states = {fqn: {k: to_global(fqn, v) for k, v in s.items()} for fqn, s in optim_state["state"].items()}
+    return {**optim_state, "state": states}
+
+
+def optimizer_state_to_local(optim_state: dict) -> dict:
+    """Inverse of ``optimizer_state_to_global`` (after DCP has loaded into it)."""
+    from torch.distributed.tensor import DTensor
+
+    def to_local(name: str, value):
+        if isinstance(value, DTensor):
+            value = value.to_local()
+        if name.endswith(_GLU) and isinstance(value, torch.Tensor) and value.ndim == 3:
+            value = value.flatten(0, 1)
+        return value
+
+    states = {fqn: {k: to_local(fqn, v) for k, v in s.items()} for fqn, s in optim_state["state"].items()}
+    return {**optim_state, "state": states}
+
+
+class GatherVocabShards(torch.autograd.Function):
+    """``[b, s, V/tp]`` vocab-parallel logits of each rank -> ``[b, s, V]`` on every rank.
+
+    Backward keeps this rank's slice of the gradient without communication: everything after the
+    gather (logprobs, loss) runs identically on every tensor-parallel rank, so the gradient of the
+    full logits is already the same everywhere. (megatron-core's
+    ``gather_from_tensor_model_parallel_region`` does the same but allocates its output with
+    ``torch.cuda.current_device()``.)"""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, local.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        size, rank = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
+        return grad.chunk(size, dim=-1)[rank].contiguous(), None
+
+
+def check_fits(hf_config, tp: int) -> None:
+    """Megatron splits heads, KV groups, the MLP and the vocabulary evenly: say which does not divide."""
+    heads = hf_config.num_attention_heads
+    sizes = {
+        "num_attention_heads": heads,
+        "num_key_value_heads": getattr(hf_config, "num_key_value_heads", None) or heads,
+        "intermediate_size": hf_config.intermediate_size,
+        "vocab_size": hf_config.vocab_size,
+    }
+    bad = [f"{key}={value}" for key, value in sizes.items() if value % tp]
+    if bad:
+        raise ValueError(f"tensor_parallel_size={tp} must divide {', '.join(bad)} of the model "
+                         f"(the Megatron backend splits them evenly over the tensor-parallel ranks)")
