@@ -16,20 +16,6 @@ from rl_core.types import PromptSample, SamplingParams, StepResult
 from rl_environments import SlidingPuzzleDatasetConfig, SlidingPuzzleEnvironment, build_dataset
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    from rl_backends_gen.native import NativeEngine
-
-    return NativeEngine(tiny_model_dir, max_batch_size=16, seed=0)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
 def sampling(tokenizer, max_new_tokens=5, seed=7) -> SamplingParams:
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed,
                           stop_token_ids=(tokenizer.eos_token_id,))

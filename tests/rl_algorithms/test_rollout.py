@@ -43,20 +43,6 @@ class RecordingBackend:
         return getattr(self.engine, name)
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    from rl_backends_gen.native import NativeEngine
-
-    return NativeEngine(tiny_model_dir, max_batch_size=16, seed=0)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
 def sampling(tokenizer, max_new_tokens=8, seed=1, **kw) -> SamplingParams:
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed,
                           stop_token_ids=(tokenizer.eos_token_id,), **kw)

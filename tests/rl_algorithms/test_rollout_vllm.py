@@ -53,13 +53,6 @@ def vllm_backend(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
 def puzzle_run(vllm_backend, tokenizer):
     """Two puzzles x two samples, three turns each, through vLLM: (recording backend, episodes)."""
     backend = RecordingBackend(vllm_backend)

@@ -78,16 +78,25 @@ def validation_due(val_every: int, done: int, last: bool) -> bool:
     return val_every > 0 and (done % val_every == 0 or last)
 
 
-def maybe_resume(checkpointer: CheckpointManager | None, policy: TrainingBackend,
-                 sampler: EpochSampler) -> tuple[int, list[Metrics]]:
-    """``(first step to run, metrics history)``: from the latest checkpoint when resuming, else fresh."""
+def load_latest(checkpointer: CheckpointManager | None, policy: TrainingBackend) -> tuple[str, dict] | None:
+    """``(path, trainer state)`` of the latest checkpoint, loaded into ``policy``, when resuming;
+    None for a fresh start (resume off, or no checkpoint yet)."""
     if checkpointer is None or not checkpointer.cfg.resume:
-        return 0, []
+        return None
     latest = checkpointer.latest()
     if latest is None:
         log.info("checkpointing.resume is set but %s holds no checkpoint: starting fresh", checkpointer.dir)
+        return None
+    return latest, checkpointer.load(latest, policy)
+
+
+def maybe_resume(checkpointer: CheckpointManager | None, policy: TrainingBackend,
+                 sampler: EpochSampler) -> tuple[int, list[Metrics]]:
+    """``(first step to run, metrics history)``: from the latest checkpoint when resuming, else fresh."""
+    loaded = load_latest(checkpointer, policy)
+    if loaded is None:
         return 0, []
-    state = checkpointer.load(latest, policy)
+    latest, state = loaded
     if state["data"].get("num_items", sampler.num_items) != sampler.num_items:
         raise ValueError(f"{latest} was written for {state['data']['num_items']} training items but the data now "
                          f"holds {sampler.num_items}: resume with the same data settings")

@@ -25,6 +25,7 @@ from rl_algorithms.grpo.config import GRPOConfig, LossConfig
 from rl_algorithms.grpo.data import PromptStream
 from rl_algorithms.grpo.rewards import compute_rewards_and_advantages
 from rl_algorithms.grpo.rollouts import generate_rollouts
+from rl_algorithms.loop_helpers import load_latest
 from rl_algorithms.losses import loss_token_mask, mismatch_metrics
 from rl_algorithms.rollout.env_runner import StepRunner
 from rl_core.batch import Batch, batch_size, select
@@ -221,13 +222,10 @@ def maybe_resume(
     checkpointer: CheckpointManager | None, policy: TrainingBackend, generation: GenerationBackend, prompts: PromptStream
 ) -> tuple[int, list[Metrics]]:
     """``(first step to run, metrics history)``: from the latest checkpoint when resuming, else fresh."""
-    if checkpointer is None or not checkpointer.cfg.resume:
+    loaded = load_latest(checkpointer, policy)
+    if loaded is None:
         return 0, []
-    latest = checkpointer.latest()
-    if latest is None:
-        log.info("checkpointing.resume is set but %s holds no checkpoint: starting fresh", checkpointer.dir)
-        return 0, []
-    state = checkpointer.load(latest, policy)
+    latest, state = loaded
     prompts.load_state_dict(state["data"])
     refit(policy, generation)
     log.info("resumed from %s (step %d)", latest, state["step"])
