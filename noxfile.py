@@ -1,5 +1,5 @@
 """nox sessions: each package alone in a fresh venv (proves its declared dependencies), plus
-integration, gpu, vllm_cpu, lint and bench.
+integration, megatron, gpu, vllm_cpu, lint and bench.
 
     nox -l                 # list sessions
     nox -s rl-checkpoint   # one package
@@ -121,6 +121,17 @@ def integration(session: nox.Session) -> None:
     )
 
 
+@nox.session
+def megatron(session: nox.Session) -> None:
+    """rl-backends-train with its megatron extra in a fresh venv; runs the Megatron-core tests (the
+    plain rl-backends-train session proves the package without it, where those tests skip)."""
+    install_torch(session)
+    install_packages(session, "rl-backends-train", "megatron,test")
+    tests = (ROOT / "tests" / "rl_backends_train").glob("test_megatron*.py")
+    targets = session.posargs or sorted(str(path.relative_to(ROOT)) for path in tests)
+    session.run("python", "-m", "pytest", *targets, "-m", CPU_MARKERS, "-q", "-p", "no:cacheprovider", env=TEST_ENV)
+
+
 @nox.session(venv_backend="none")
 def gpu(session: nox.Session) -> None:
     """GPU-only tests (-m gpu) in the current environment: run it on a CUDA machine after setup_env.sh."""
@@ -169,4 +180,4 @@ def bench(session: nox.Session) -> None:
         session.run("python", str(script.relative_to(ROOT)), *session.posargs, env=TEST_ENV)
 
 
-nox.options.sessions = [*(n.removeprefix("rl-") if n == "rl-apps" else n for n in PACKAGES), "integration", "lint"]
+nox.options.sessions = [*(n.removeprefix("rl-") if n == "rl-apps" else n for n in PACKAGES), "integration", "megatron", "lint"]

@@ -9,6 +9,7 @@ import pytest
 from rl_apps import recipe_path
 from rl_apps.cli import main
 from rl_core.logging import read_jsonl_metrics
+from rl_environments import build_dataset
 
 SMOKE = recipe_path("grpo_smoke_tiny.yaml")
 
@@ -84,6 +85,45 @@ def test_bad_override_exits_2_before_writing(tmp_path, capsys):
     assert main(["grpo", "--config", SMOKE, f"output_dir={out}", "grpo.num_generation_per_prompt=4"]) == 2
     assert "num_generations_per_prompt" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("override", "says"), [
+    ("env.kwargs.format_rule=boxed_last", "format_rule"),
+    ("env.kwargs.answer_formt=boxed", "answer_formt"),
+    ("val_env={name: arithmetc}", "Did you mean 'arithmetic'"),
+])
+def test_bad_environment_kwargs_exit_2_before_writing(tmp_path, capsys, override, says):
+    out = tmp_path / "never"
+    recipe = recipe_path("grpo_arithmetic_smollm2.yaml")
+    assert main(["grpo", "--config", recipe, f"output_dir={out}", override]) == 2
+    err = capsys.readouterr().err
+    assert says in err and ("env" in err)
+    assert not out.exists()
+
+
+def test_main_recipe_grades_as_documented():
+    """The default recipe's prompts and graders: the reward pays a boxed answer that restates the
+    written sum; validation counts only correct boxed answers."""
+    from rl_apps.commands.grpo import GRPORunConfig, build_env
+    from rl_core.config import load_config
+
+    cfg = load_config(GRPORunConfig, recipe_path("grpo_arithmetic_smollm2.yaml"), [])
+    sample = build_dataset(cfg.data, "validation", size=1)[0]
+    question = sample.messages[-1]["content"]
+    assert question.startswith("What is ") and question.endswith(r"then your final answer as \boxed{ANSWER}.")
+    a, b = (int(x) for x in sample.metadata["problem"].split(" + "))
+    train, val = build_env(cfg.env, "env"), build_env(cfg.val_env, "val_env")
+
+    def grade(env, text):
+        return env.step([*sample.messages, {"role": "assistant", "content": text}], sample.metadata, None).reward
+
+    right, wrong = a + b, a + b + 1
+    assert grade(train, f"{a} + {b} = {right}\n\nYour final answer is \\boxed{{{right}}}") == 2.0
+    assert grade(train, f"{a} + {b} = {wrong}\n\nYour final answer is \\boxed{{{wrong}}}") == 1.0
+    assert grade(train, f"{a} + {b} = \\boxed{{{right}}}") == 1.0   # correct, but computed inside the box
+    assert grade(train, f"{a} + {b} = {right}") == 0.0                # not boxed
+    assert grade(val, f"{a} + {b} = \\boxed{{{right}}}") == 1.0
+    assert grade(val, f"{a} + {b} = {right}") == 0.0
 
 
 def test_variants_end_to_end(tmp_path):

@@ -1,8 +1,14 @@
-"""Fixtures shared by the rollout tests: the tiny model's tokenizer and a native engine on it."""
+"""Fixtures shared by the rollout tests: the tiny model's tokenizer and a native engine on it
+(helpers they share live in rollout_testlib.py, importable from this folder)."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from rollout_testlib import RecordingBackend
 
 from rl_algorithms.rollout import (
     ChatTokens,
@@ -25,22 +26,6 @@ from rl_environments import (
     build_dataset,
     reward_function_environment,
 )
-
-
-class RecordingBackend:
-    """The real engine, with every generate call and its result kept for checking."""
-
-    def __init__(self, engine):
-        self.engine = engine
-        self.calls: list[tuple[list[list[int]], SamplingParams, list]] = []
-
-    def generate(self, prompts, sampling):
-        result = self.engine.generate(prompts, sampling)
-        self.calls.append(([list(p) for p in prompts], sampling, result))
-        return result
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
 
 
 def sampling(tokenizer, max_new_tokens=8, seed=1, **kw) -> SamplingParams:

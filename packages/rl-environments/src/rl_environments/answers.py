@@ -33,6 +33,18 @@ def count_boxed(text: str) -> int:
     return text.count("\\boxed{") + text.count("\\fbox{")
 
 
+def boxed_repeats_result(text: str) -> bool:
+    """True when ``text`` holds exactly one ``\\boxed{}`` with a number that equals the last number written
+    before the box: the work is shown first and the box restates its result
+    (``6 + 34 = 40, so \\boxed{40}``), as opposed to computing inside the box (``6 + 34 = \\boxed{40}``)."""
+    if count_boxed(text) != 1:
+        return False
+    value = parse_number(extract_boxed(text))
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
+    before = last_number(text[:start])
+    return value is not None and before is not None and parse_number(before) == value
+
+
 def _balanced(text: str, open_index: int) -> str | None:
     depth = 0
     for i in range(open_index, len(text)):

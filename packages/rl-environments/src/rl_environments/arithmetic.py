@@ -7,7 +7,7 @@ usual precedence applies (``*`` before ``+``/``-``). Answers are integers.
 from __future__ import annotations
 
 import random
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field
 
@@ -15,6 +15,7 @@ from rl_core.config import StrictModel
 from rl_core.types import PromptSample, StepResult
 from rl_environments.answers import (
     AnswerFormat,
+    boxed_repeats_result,
     count_boxed,
     extract_answer,
     extract_boxed,
@@ -43,6 +44,8 @@ class ArithmeticDatasetConfig(StrictModel):
     test_size: int = Field(200, ge=0)
     system_prompt: str | None = None
     """Optional system message put before each question."""
+    instruction: str = BOXED_INSTRUCTION
+    """Appended to each question ``What is <problem>?`` (empty: the bare question)."""
 
 
 def make_problem(rng: random.Random, cfg: ArithmeticDatasetConfig) -> str:
@@ -63,20 +66,31 @@ def arithmetic_split(cfg: ArithmeticDatasetConfig, split: Split, size: int | Non
 
 def _sample(problem: str, cfg: ArithmeticDatasetConfig) -> PromptSample:
     answer = evaluate(problem, allow_functions=False)
-    question = f"What is {problem}? {BOXED_INSTRUCTION}"
+    question = f"What is {problem}? {cfg.instruction}".rstrip()
     return PromptSample(messages=user_messages(question, cfg.system_prompt),
                         metadata={"answer": str(int(answer)), "problem": problem}, env="arithmetic")
 
 
-class ArithmeticEnvironment:
-    """Single-turn grader: ``correct`` (final answer equals ``metadata['answer']``) and ``format``
-    (exactly one ``\\boxed{}``, holding a number). Reward = correct + format_weight * format."""
+FormatRule = Literal["one_box", "result_then_box"]
 
-    def __init__(self, answer_format: AnswerFormat = "boxed", format_weight: float = 0.0):
+
+class ArithmeticEnvironment:
+    """Single-turn grader: ``correct`` (final answer equals ``metadata['answer']``) and ``format``: with
+    ``format_rule="one_box"`` exactly one ``\\boxed{}``, holding a number; with ``"result_then_box"``
+    also the work first and the box restating its result (``6 + 34 = 40, so \\boxed{40}``). Reward = correct + format_weight * format, or with
+    ``format_requires_correct`` correct * (1 + format_weight * format): the format bonus is paid only
+    for correct answers, so boxing a wrong answer earns nothing over not boxing it."""
+
+    def __init__(self, answer_format: AnswerFormat = "boxed", format_weight: float = 0.0,
+                 format_requires_correct: bool = False, format_rule: FormatRule = "one_box"):
         if answer_format not in ("boxed", "last_number", "either"):
             raise ValueError(f"answer_format must be 'boxed', 'last_number' or 'either', got {answer_format!r}")
+        if format_rule not in get_args(FormatRule):
+            raise ValueError(f"format_rule must be one of {get_args(FormatRule)}, got {format_rule!r}")
+        self.format_rule = format_rule
         self.answer_format = answer_format
         self.format_weight = float(format_weight)
+        self.format_requires_correct = bool(format_requires_correct)
 
     def step(self, messages, metadata, state) -> StepResult:
         if "answer" not in metadata:
@@ -84,6 +98,10 @@ class ArithmeticEnvironment:
         text = last_assistant_text(messages)
         answer, _ = extract_answer(text, self.answer_format)
         correct = float(numbers_equal(answer, metadata["answer"]))
-        fmt = float(count_boxed(text) == 1 and parse_number(extract_boxed(text)) is not None)
-        return StepResult(reward=correct + self.format_weight * fmt,
+        if self.format_rule == "result_then_box":
+            fmt = float(boxed_repeats_result(text))
+        else:
+            fmt = float(count_boxed(text) == 1 and parse_number(extract_boxed(text)) is not None)
+        bonus = self.format_weight * fmt * (correct if self.format_requires_correct else 1.0)
+        return StepResult(reward=correct + bonus,
                           reward_components={"correct": correct, "format": fmt}, done=True)

@@ -8,6 +8,10 @@ the DTensor backend. Masks: a 2-D padding mask (right padding) becomes Megatron'
 With tensor parallelism each rank holds its shards (``tp_shards``); the vocab-parallel logits are
 gathered to full ``[b, t, V]`` on every rank, and the HF-name views gather the full tensors (collectives
 over the tensor-parallel group: every rank of the group must call them).
+
+With LoRA (``megatron/lora.py``) the adapters live inside the GPTModel's linears; ``hf_state_dict``
+folds them into the HF weights unless ``merged=False``, ``hf_adapter_state_dict`` gives them alone
+under PEFT names, and ``load_hf_state_dict`` takes base and adapter tensors together.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rl_backends_train.megatron import tp_shards
+from rl_backends_train.megatron import lora, tp_shards
 
 _FAMILIES = ("llama", "qwen2")
 
@@ -83,6 +87,7 @@ class MegatronCausalLM(nn.Module):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
         self.config = hf_config
+        self.lora_scale: float | None = None  # alpha / rank once lora.apply_lora has run
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
@@ -125,32 +130,55 @@ class MegatronCausalLM(nn.Module):
                 for name, t in self._own_state().items()}
         return megatron_to_hf(meta, self.config.to_dict())
 
-    def hf_state_dict(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
-        """Full HF tensors (all of them, or ``names``). With TP > 1 a collective over the
-        tensor-parallel group that gathers only the Megatron tensors ``names`` come from."""
+    def hf_state_dict(self, names: list[str] | None = None, *, merged: bool = True) -> dict[str, torch.Tensor]:
+        """Full HF tensors (all of them, or ``names``), LoRA folded in unless ``merged=False``. With
+        TP > 1 a collective over the tensor-parallel group that gathers only the Megatron tensors
+        ``names`` come from."""
         from rl_checkpoint.megatron_mapping import megatron_to_hf
 
         own = self._own_state()
+        adapters = self._adapter_state() if merged else {}
         if names is not None:
             sources = _hf_sources(names)
             own = {k: v for k, v in own.items() if _megatron_source(k) & sources}
+            adapters = {k: v for k, v in adapters.items() if _megatron_source(k) & sources}
         full = {k: tp_shards.gather_full(k, v, self.tp_group) for k, v in own.items()}
         hf = megatron_to_hf(full, self.config.to_dict())
+        if adapters:
+            hf = lora.merge_into(hf, self._gather_adapters(adapters), self.lora_scale)
         return hf if names is None else {name: hf[name] for name in names}
 
+    def hf_adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full LoRA tensors under PEFT names (``model.layers.0.self_attn.q_proj.lora_A.weight``);
+        a collective over the tensor-parallel group. Empty without LoRA."""
+        return self._gather_adapters(self._adapter_state())
+
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load full HF tensors; each rank keeps its tensor-parallel shard."""
+        """Load full HF tensors (LoRA tensors under PEFT names too); each rank keeps its shards."""
         from rl_checkpoint.megatron_mapping import hf_to_megatron
 
-        mapped = hf_to_megatron(state_dict, self.config.to_dict())
+        base = {k: v for k, v in state_dict.items() if not (".lora_A." in k or ".lora_B." in k)}
+        adapters = {lora.megatron_adapter_name(k): v for k, v in state_dict.items() if k not in base}
+        mapped = (hf_to_megatron(base, self.config.to_dict()) if base else {}) | adapters
         mapped = {k: tp_shards.split_for_rank(k, v, self.tp_size, self.tp_rank) for k, v in mapped.items()}
         missing, unexpected = self.gpt.load_state_dict(mapped, strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state")]
+        # Base and adapters may come separately (HF weights at build, a PEFT adapter later): what
+        # was given must be complete.
+        required = (set(self._own_state()) if base else set()) | (set(self._adapter_state()) if adapters else set())
+        missing = [k for k in missing if k in required]
         if missing or unexpected:
             raise RuntimeError(f"HF weights do not fit the GPTModel: missing {missing}, unexpected {unexpected}")
 
     def _own_state(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")}
+        """The base model's tensors (Megatron names), adapters left out."""
+        return {k: v for k, v in self.gpt.state_dict().items()
+                if not k.endswith("_extra_state") and not lora.is_adapter_name(k)}
+
+    def _adapter_state(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.gpt.state_dict().items() if lora.is_adapter_name(k)}
+
+    def _gather_adapters(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {lora.hf_adapter_name(k): tp_shards.gather_full(k, v, self.tp_group) for k, v in local.items()}
 
 
 def _hf_sources(hf_names: list[str]) -> set[str]:

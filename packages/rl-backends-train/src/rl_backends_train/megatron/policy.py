@@ -15,3 +15,7 @@ class MegatronPolicy(DTensorPolicy):
         check_megatron_config(cfg)  # fail in the driver, before any worker starts
         super().__init__(cfg, model_path, seed=seed, name=name)
 
+    def load_adapter(self, path: str) -> None:
+        """Replace the LoRA adapters by a PEFT-format adapter directory (``save_adapter``'s files, from
+        either backend) whose rank, alpha and target modules equal ``policy.training.lora``."""
+        self.group.run_all("load_adapter", str(path))

@@ -7,6 +7,9 @@ megatron-core's tensor-parallel layout (local layer spec, no sequence parallel):
   split give each rank whole groups);
 * row-parallel, split on dim 1: ``linear_proj``, ``linear_fc2``;
 * ``linear_fc1`` = ``cat([gate, up])``: rank r holds ``cat([gate_r, up_r])``, each half split on dim 0;
+* LoRA adapters (``<linear>.lora.<proj>.lora_A/B.weight``, see ``megatron/lora.py``) follow their
+  base weight: B split on dim 0 under the column-parallel ``linear_qkv`` / ``linear_fc1``, A split on
+  dim 1 under the row-parallel ``linear_proj`` / ``linear_fc2``; the other factor is replicated;
 * everything else (the RMSNorm weights) is replicated.
 
 In checkpoints, optimizer state of a sharded parameter is a DTensor ``Shard(dim)`` over the
@@ -23,10 +26,16 @@ import torch.distributed as dist
 _SPLIT_ROWS = ("word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias")
 _SPLIT_COLUMNS = ("linear_proj.weight", "linear_fc2.weight")
 _GLU = "linear_fc1.weight"
+_LORA_SPLIT = (("linear_qkv", "lora_B", 0), ("linear_fc1", "lora_B", 0),
+               ("linear_proj", "lora_A", 1), ("linear_fc2", "lora_A", 1))
 
 
 def shard_dim(name: str) -> int | None:
     """The dimension ``name`` is split on across tensor-parallel ranks (None: replicated)."""
+    if ".lora." in name:
+        linear = name.split(".lora.")[0].rsplit(".", 1)[-1]
+        return next((dim for owner, factor, dim in _LORA_SPLIT
+                     if linear == owner and name.endswith(f".{factor}.weight")), None)
     if name.endswith(_SPLIT_ROWS) or name.endswith(_GLU):
         return 0
     if name.endswith(_SPLIT_COLUMNS):

@@ -3,12 +3,20 @@
 Shares the DTensor worker's operations (micro-batching, packing, losses, logprobs, top-k,
 checkpoint layout) and replaces what is model-specific: building a GPTModel from the HF weights,
 data-parallel gradient sums (an all-reduce over the data-parallel group), the gradient norm over
-tensor-parallel shards, and HF names for refit, export and checkpoints. Covered: causal_lm, no LoRA,
+tensor-parallel shards, and HF names for refit, export and checkpoints. Covered: causal_lm, LoRA,
 tensor parallel (Megatron's layers; ranks of a tensor-parallel group are neighbours, as in the
-DTensor backend's mesh), activation recompute.
+DTensor backend's mesh; LoRA included), activation recompute.
+
+LoRA (``megatron/lora.py``): one adapter pair per HF projection on Megatron's fused linears, PEFT
+names. Only adapters train; ``reference_logprobs`` runs the base (adapters off, no copy); refit and
+export get merged HF weights; ``save_adapter`` writes the PEFT adapter alone and ``load_adapter``
+reads one. Checkpoints hold the base HF weights and the adapters unmerged (``model.<hf name>`` and
+``model.<...>.q_proj.lora_A.weight``, as the DTensor backend's), so a resume is exact.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -16,7 +24,8 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, se
 
 from rl_backends_train.config import TrainBackendConfig
 from rl_backends_train.dtensor.worker import DTensorWorker
-from rl_backends_train.megatron import tp_shards
+from rl_backends_train.lora import adapter_config, write_adapter
+from rl_backends_train.megatron import lora, tp_shards
 from rl_backends_train.megatron.cpu_shims import apply_cpu_shims
 from rl_backends_train.megatron.model import MegatronCausalLM
 from rl_backends_train.optim import build_optimizers, build_schedulers, clip_grad_norm
@@ -28,8 +37,10 @@ def check_megatron_config(cfg: TrainBackendConfig) -> None:
     unsupported = []
     if cfg.task != "causal_lm":
         unsupported.append(f"task={cfg.task!r} (only causal_lm)")
-    if cfg.lora is not None:
-        unsupported.append("lora (use backend=dtensor)")
+    unknown = sorted(set(cfg.lora.target_modules) - set(lora.HF_PROJECTIONS)) if cfg.lora else []
+    if unknown:
+        unsupported.append(f"lora.target_modules {unknown} (it adapts {', '.join(lora.HF_PROJECTIONS)}; "
+                           "use backend=dtensor for other nn.Linear names)")
     if cfg.sequence_parallel:
         unsupported.append("sequence_parallel (use backend=dtensor; Megatron's sequence-parallel collectives "
                            "allocate on CUDA)")
@@ -37,13 +48,17 @@ def check_megatron_config(cfg: TrainBackendConfig) -> None:
         raise ValueError("the Megatron backend does not support: " + "; ".join(unsupported))
 
 
-def build_megatron_model(model_path: str, cfg: TrainBackendConfig, device: torch.device) -> MegatronCausalLM:
+def build_megatron_model(model_path: str, cfg: TrainBackendConfig, device: torch.device, *,
+                         seed: int = 0) -> MegatronCausalLM:
+    """The GPTModel with the HF weights; with ``cfg.lora`` frozen, adapters added (A drawn from ``seed``)."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(model_path)
     model = MegatronCausalLM(hf_config, _DTYPES[cfg.dtype], recompute=cfg.activation_checkpointing)
     model.load_hf_state_dict(_read_hf_weights(model_path, load_file))
+    if cfg.lora is not None:
+        lora.apply_lora(model, cfg.lora, seed=seed)
     return model.to(device)
 
 
@@ -97,12 +112,12 @@ class MegatronWorker(DTensorWorker):
                                             mesh_dim_names=("dp", "tp"))["tp"]
         self.rank = dist.get_rank()
         torch.manual_seed(seed)
-        self.model = build_megatron_model(model_path, cfg, self.device)
+        self.model = build_megatron_model(model_path, cfg, self.device, seed=seed)
         self.hf_config = self.model.config
         self.model_class = _hf_causal_lm_class(self.hf_config)
         self.score_head = None
         self.reference = None
-        if cfg.reference_model:
+        if cfg.reference_model and cfg.lora is None:  # with LoRA the reference is the base: adapters off
             self.reference = build_megatron_model(model_path, cfg, self.device).requires_grad_(False).eval()
         self.optimizers = build_optimizers(self.model, cfg.optimizer)
         self.schedulers = build_schedulers(self.optimizers, cfg.scheduler)
@@ -132,7 +147,34 @@ class MegatronWorker(DTensorWorker):
         return {name: state[name].detach().cpu().clone() for name in names} if self.rank == 0 else None
 
     def save_adapter(self, path: str) -> None:
-        raise ValueError("the Megatron backend has no LoRA adapters")
+        """PEFT-format adapter (adapter_model.safetensors + adapter_config.json), written by rank 0;
+        the same files as the DTensor backend's for the same adapters."""
+        if self.cfg.lora is None:
+            raise ValueError("save_adapter() needs a LoRA config (policy.training.lora)")
+        adapters = self.model.hf_adapter_state_dict()  # a tensor-parallel gather: every rank calls it
+        if self.rank == 0:
+            write_adapter(path, {k: v.detach().cpu() for k, v in adapters.items()},
+                          adapter_config(self.cfg.lora, self.model_path, self.cfg.task))
+        dist.barrier()
+
+    def load_adapter(self, path: str) -> None:
+        """Replace the adapters by a PEFT-format adapter (``save_adapter``'s files, from either
+        backend) with this config's rank, alpha and target modules. The optimizer state is kept."""
+        import json
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        if self.cfg.lora is None:
+            raise ValueError("load_adapter() needs a LoRA config (policy.training.lora)")
+        saved = json.loads((Path(path) / "adapter_config.json").read_text())
+        ours = adapter_config(self.cfg.lora, self.model_path, self.cfg.task)
+        differ = {k: (saved.get(k), ours[k]) for k in ("r", "lora_alpha", "target_modules") if saved.get(k) != ours[k]}
+        if differ:
+            raise ValueError(f"{path}/adapter_config.json does not match policy.training.lora "
+                             f"(saved, configured): {differ}")
+        tensors = load_file(str(Path(path) / "adapter_model.safetensors"))
+        self.model.load_hf_state_dict({k.removeprefix("base_model.model."): v for k, v in tensors.items()})
 
     def _reduce_gradients(self) -> None:
         """Sum each gradient over the data-parallel ranks (Megatron's TP layers already did the
@@ -149,15 +191,28 @@ class MegatronWorker(DTensorWorker):
         return clip_tensor_parallel_grad_norm(self.model, self.cfg.max_grad_norm, self.tp_group)
 
     def _checkpoint_state(self) -> dict:
-        """Model tensors under HF names (the rl-checkpoint contract; gathered to full with TP > 1);
-        optimizer under Megatron FQNs, tensor-parallel shards as DTensors (see ``tp_shards``)."""
+        """Model tensors under HF names (the rl-checkpoint contract; gathered to full with TP > 1):
+        with LoRA the base weights unmerged plus the adapters under PEFT names, which rl-checkpoint
+        merges on conversion; optimizer under Megatron FQNs, tensor-parallel shards as DTensors (see
+        ``tp_shards``)."""
         optimizer = get_optimizer_state_dict(self.model, self.optimizers)
-        return {"model": self.model.hf_state_dict(),
+        return {"model": self.model.hf_state_dict(merged=False) | self.model.hf_adapter_state_dict(),
                 "optimizer": tp_shards.optimizer_state_to_global(optimizer, self.tp_mesh)}
 
     def _restore_checkpoint_state(self, state: dict) -> None:
         self.model.load_hf_state_dict(state["model"])
         set_optimizer_state_dict(self.model, self.optimizers, tp_shards.optimizer_state_to_local(state["optimizer"]))
+
+    @contextlib.contextmanager
+    def _reference_weights(self, reference: bool):
+        """With LoRA the reference is this model with its adapters switched off (no copy)."""
+        if not (reference and self.cfg.lora is not None):
+            with super()._reference_weights(reference) as model:
+                yield model
+            return
+        self.model.eval()
+        with lora.adapters_disabled(self.model) as model:
+            yield model
 
 
 def clip_tensor_parallel_grad_norm(model: MegatronCausalLM, max_norm: float | None, tp_group) -> float:
