@@ -3,8 +3,8 @@
     python bench/grpo_step.py                 # the main job's settings, 3 timed steps each
     python bench/grpo_step.py --steps 2 --prompts 4
 
-Both sides get the same model (SmolLM2-135M-Instruct, fp32, CPU), the same arithmetic prompts, the
-same reward (rl_environments' arithmetic environment: correct boxed answer + 0.5 x format), the same
+Both sides get the same model (SmolLM2-135M-Instruct, fp32, CPU), the same arithmetic prompts and
+the same reward (both taken from the main recipe, grpo_arithmetic_smollm2.yaml), the same
 number of prompts x generations per step, max new tokens, temperature, learning rate, clip epsilons
 (0.2 / 0.28), no KL term and one optimizer step per batch (so neither computes pi_old separately).
 A step is everything: generate, score, logprobs, train, and (ours) the refit into the engine.
@@ -54,16 +54,18 @@ def trl_run(args, out_dir: Path) -> list[dict[str, float]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from rl_apps import recipe_path
+    from rl_apps.commands import grpo
+    from rl_core.config import load_config
     from rl_core.models import resolve_model
-    from rl_environments import ArithmeticDatasetConfig, build_dataset
-    from rl_environments.arithmetic import ArithmeticEnvironment
+    from rl_environments import build_dataset
 
-    model_path = resolve_model("smollm2-135m-instruct")
+    recipe = load_config(grpo.CONFIG_CLASS, recipe_path("grpo_arithmetic_smollm2.yaml"), [])
+    model_path = resolve_model(recipe.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    samples = build_dataset(ArithmeticDatasetConfig(digits=2, num_operands=2, operators=["+"], train_size=5000,
-                                                    validation_size=64, test_size=0, seed=0), "train")
+    samples = build_dataset(recipe.data, "train")  # the recipe's prompts and reward, as on our side
     rows = [{"prompt": s.messages, "answer": s.metadata["answer"]} for s in samples[: args.prompts * (args.steps + 2)]]
-    env = ArithmeticEnvironment(answer_format="boxed", format_weight=0.5)
+    env = grpo.build_env(recipe.env, "env")
 
     def reward(prompts, completions, answer, **_):
         return [env.step([{"role": "assistant", "content": c[-1]["content"]}], {"answer": a}, None).reward

@@ -71,3 +71,28 @@ def test_bfloat16_greedy_is_close_to_training_forward(tiny_model_dir, tiny_promp
     for r, want in zip(results, expected):
         # bf16 kernels differ between a cached decode and a full forward; the gap stays small
         assert (torch.tensor(r[0].logprobs) - want).abs().max().item() <= 0.1
+
+
+def test_shared_prompt_prefix_is_computed_once_with_the_same_outputs(tiny_model_dir, tiny_tokenizer,
+                                                                      training_logprobs, load_hf_model):
+    """Prompts that start with the same system text: the prefix runs once, and greedy tokens, sampled
+    tokens and logprobs are those of the engine without sharing, of HF greedy and of a training forward."""
+    system = tiny_tokenizer.encode("You are a careful assistant. Answer the question in one short line.")
+    questions = ["What is 2 + 3?", "Name a colour.", "Why is the sky blue? Explain briefly please.", "Hi"]
+    prompts = [system + tiny_tokenizer.encode(q) for q in questions]
+    assert len(system) >= 12
+    shared = NativeEngine(tiny_model_dir, max_batch_size=8, max_seq_len=128)
+    plain = NativeEngine(tiny_model_dir, max_batch_size=8, max_seq_len=128, share_prompt_prefix=False)
+    got = shared.generate(prompts, GREEDY)
+    assert shared.stats.shared_prefix_tokens >= len(system) * (len(prompts) - 1)
+    assert plain.stats.shared_prefix_tokens == 0
+    want = HFGenerationBackend(tiny_model_dir, batch_size=1).generate(prompts, GREEDY)
+    for a, b in zip(got, want):
+        assert a[0].token_ids == b[0].token_ids
+        assert max(abs(x - y) for x, y in zip(a[0].logprobs, b[0].logprobs)) <= 1e-5
+    sampling = SamplingParams(max_new_tokens=16, temperature=0.9, n=3, seed=11)
+    sampled, reference = shared.generate(prompts, sampling), plain.generate(prompts, sampling)
+    flat = [(p, c) for p, samples in zip(prompts, sampled) for c in samples]
+    assert [c.token_ids for _, c in flat] == [c.token_ids for samples in reference for c in samples]
+    expected = training_logprobs(load_hf_model(tiny_model_dir), [p for p, _ in flat], [c.token_ids for _, c in flat], 0.9)
+    assert max((torch.tensor(c.logprobs) - e).abs().max().item() for (_, c), e in zip(flat, expected)) <= 1e-5

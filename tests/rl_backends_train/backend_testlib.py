@@ -77,3 +77,26 @@ class FailsOnRank1:
         if dist.get_rank() == 1:
             raise RuntimeError("rank 1 gives up")
         return MaskedNLL()(outputs, batch, normalizer)
+
+
+def make_grouped_batch(vocab: int, prompt_lengths: list[int], answer_lengths: list[list[int]],
+                       seed: int = 0) -> dict[str, torch.Tensor]:
+    """GRPO-shaped rows: each prompt followed by several answers (loss on the answers), with the
+    groups' rows interleaved (row order: answer 0 of every prompt, then answer 1, ...)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    prompts = [torch.randint(4, vocab, (p,), generator=gen) for p in prompt_lengths]
+    for j in range(max(len(a) for a in answer_lengths)):
+        for g, prompt in enumerate(prompts):
+            if j < len(answer_lengths[g]):
+                rows.append((prompt, torch.randint(4, vocab, (answer_lengths[g][j],), generator=gen)))
+    width = max(len(p) + len(a) for p, a in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attention = torch.zeros(len(rows), width, dtype=torch.long)
+    loss_mask = torch.zeros(len(rows), width)
+    for i, (prompt, answer) in enumerate(rows):
+        n = len(prompt) + len(answer)
+        ids[i, :n] = torch.cat([prompt, answer])
+        attention[i, :n] = 1
+        loss_mask[i, len(prompt):n] = 1.0
+    return {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}

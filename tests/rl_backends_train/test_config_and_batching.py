@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from backend_testlib import make_grouped_batch
 from pydantic import ValidationError
 
 from rl_backends_train import TrainBackendConfig
@@ -13,6 +14,7 @@ from rl_backends_train.batching import (
     local_normalizer_counts,
     pack_rows,
     plan_micro_batches,
+    prompt_lengths,
 )
 from rl_backends_train.config import SchedulerConfig
 from rl_backends_train.optim import lr_multiplier
@@ -59,6 +61,52 @@ def test_pack_rows_restarts_positions_and_blocks_attention():
     assert not mask[0, 0, 3, :3].any() and mask[0, 0, 4, 3:5].all() and not mask[0, 0, 3, 4]
     assert unpack.tolist() == [[0, 1, 2], [3, 4, 0]]
     assert torch.equal(ids[0][unpack][0], batch["input_ids"][0])
+
+
+def test_pack_rows_shares_a_prompt_once():
+    # Rows 0 and 2 share the prompt [5, 6] (loss from column 2); row 1 has its own prompt [8].
+    batch = {"input_ids": torch.tensor([[5, 6, 7, 9], [8, 4, 0, 0], [5, 6, 3, 0]]),
+             "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]]),
+             "loss_mask": torch.tensor([[0, 0, 1, 1], [0, 1, 0, 0], [0, 0, 1, 0]]).float()}
+    assert prompt_lengths(batch).tolist() == [2, 1, 2]
+    ids, pos, mask, unpack = pack_rows(batch, share_prompts=True)
+    # Segments: [5 6] (prompt A), [7 9] (row 0's answer), [8] (prompt B), [4], [3] (row 2's answer).
+    assert ids.tolist() == [[5, 6, 7, 9, 8, 4, 3]]
+    assert pos.tolist() == [[0, 1, 2, 3, 0, 1, 2]]
+    assert unpack.tolist() == [[0, 1, 2, 3], [4, 5, 0, 0], [0, 1, 6, 0]]
+    m = mask[0, 0]
+    assert m[6].tolist() == [True, True, False, False, False, False, True]  # row 2's answer: prompt A + itself
+    assert m[3].tolist() == [True, True, True, True, False, False, False]
+    assert m[5].tolist() == [False, False, False, False, True, True, False]
+    for i in range(3):  # every row reads back as itself
+        n = int(batch["attention_mask"][i].sum())
+        assert torch.equal(ids[0][unpack[i, :n]], batch["input_ids"][i, :n])
+
+
+def test_shared_prompt_plan_keeps_groups_together_within_the_budget():
+    batch = make_grouped_batch(100, [6, 9, 4], [[3, 5, 2], [4, 1, 6], [7, 7, 7]])
+    cfg = TrainBackendConfig(packing={"enabled": True, "share_prompts": True, "max_tokens_per_micro_batch": 20})
+    mbs = plan_micro_batches(batch, cfg)
+    assert sorted(int(r) for mb in mbs for r in mb.rows) == list(range(9))
+    prompts = prompt_lengths(batch)
+    packed_sizes = []
+    for mb in mbs:
+        assert mb.packed and mb.share_prompts
+        ids, _, _, _ = pack_rows(mb.batch, share_prompts=True)
+        packed_sizes.append(ids.shape[1])
+        keys = {tuple(batch["input_ids"][int(r), : int(prompts[int(r)])].tolist()) for r in mb.rows}
+        assert len(keys) == 1  # no two chunks fit one budget here
+    # Prompt costs: 6 + 10, 9 + 11, and 4 + 21 > 20, split into 4 + 14 and 4 + 7.
+    assert sorted(packed_sizes) == [11, 16, 18, 20]
+    with pytest.raises(ValueError, match="needs packing.enabled=true"):
+        TrainBackendConfig(packing={"share_prompts": True})
+
+
+def test_context_and_expert_parallel_are_clear_errors():
+    with pytest.raises(ValidationError, match="context_parallel_size=2 is not supported.*Transformer Engine"):
+        TrainBackendConfig(backend="megatron", num_workers=2, context_parallel_size=2)
+    with pytest.raises(ValidationError, match="expert_parallel_size=2 is not supported.*no experts"):
+        TrainBackendConfig(backend="megatron", num_workers=2, expert_parallel_size=2)
 
 
 def test_left_padding_is_rejected_with_a_clear_error():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backend_testlib import MaskedNLL, SequenceMeanNLL, make_batch
+from backend_testlib import MaskedNLL, SequenceMeanNLL, make_batch, make_grouped_batch
 from safetensors.torch import load_file
 
 from rl_backends_train import TrainBackendConfig, build_training_backend
@@ -81,6 +81,21 @@ def test_packed_logprobs_and_sequence_loss_equal_padded(tiny_model_dir, skewed_l
         a, b = padded.train(batch, SequenceMeanNLL()), packed.train(batch, SequenceMeanNLL())
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
     assert a["num_valid_sequences"] == b["num_valid_sequences"] == len(skewed_lengths)
+
+
+@pytest.mark.parametrize("budget", [64, 1000])
+def test_shared_prompt_packing_equals_padded(tiny_model_dir, budget):
+    """GRPO-shaped batch: each prompt packed once for its answers; the same step and logprobs as the
+    padded layout (budget 64 splits a group, 1000 packs everything into one row)."""
+    batch = make_grouped_batch(VOCAB, [11, 6, 17], [[5, 9, 1, 7], [12, 3, 8, 2], [4, 6, 10, 5]], seed=5)
+    ref_metrics, ref_weights, ref_logprobs = params_after_one_step(tiny_model_dir, batch, MaskedNLL(), micro_batch_size=4)
+    packing = {"enabled": True, "share_prompts": True, "max_tokens_per_micro_batch": budget}
+    metrics, weights, logprobs = params_after_one_step(tiny_model_dir, batch, MaskedNLL(), packing=packing)
+    assert metrics["num_valid_tokens"] == ref_metrics["num_valid_tokens"] == 72
+    assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=1e-6)
+    assert metrics["grad_norm"] == pytest.approx(ref_metrics["grad_norm"], rel=1e-5)
+    assert_weights_close(weights, ref_weights)
+    torch.testing.assert_close(logprobs, ref_logprobs, rtol=0, atol=1e-5)
 
 
 def test_topk_logits_match_a_plain_forward(tiny_model_dir, skewed_lengths):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backend_testlib import FailsOnRank1, MaskedNLL, make_batch
+from backend_testlib import FailsOnRank1, MaskedNLL, make_batch, make_grouped_batch
 
 from rl_backends_train import TrainBackendConfig, build_training_backend
 from rl_core.cluster import WorkerError
@@ -79,6 +79,17 @@ def test_sequence_parallel_2_equals_1(ray_session, tiny_tp_dir, skewed_lengths):
     sequence_parallel = one_step(tiny_tp_dir, batch, num_workers=2, tensor_parallel_size=2, sequence_parallel=True,
                                  micro_batch_size=2)
     assert_same_step(single, sequence_parallel, atol=1e-5)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_tensor_parallel_with_shared_prompt_packing_equals_padded(ray_session, tiny_tp_dir, sequence_parallel):
+    """TP=2 (and + SP) with prompts packed once per group: the padded single-rank step."""
+    batch = make_grouped_batch(VOCAB, [9, 6], [[4, 7, 3], [5, 2, 8]], seed=4)
+    single = one_step(tiny_tp_dir, batch, use_ray=False)
+    packing = {"enabled": True, "share_prompts": True, "max_tokens_per_micro_batch": 24}
+    tp2 = one_step(tiny_tp_dir, batch, num_workers=2, tensor_parallel_size=2, sequence_parallel=sequence_parallel,
+                   packing=packing)
+    assert_same_step(single, tp2, atol=1e-5)
 
 
 def test_a_rank_that_raises_does_not_hang_the_driver(ray_session, tiny_model_dir, skewed_lengths):

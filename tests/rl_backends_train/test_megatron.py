@@ -64,6 +64,13 @@ def test_megatron_matches_dtensor(family, tiny_model_dir, tiny_qwen2_dir, skewed
         torch.testing.assert_close(weights_b[name], weights_a[name], rtol=0, atol=1e-6, msg=name)
 
 
+def test_megatron_refuses_shared_prompt_packing():
+    """megatron-core's RoPE follows the packed row, not position_ids: shared prompts would be wrong."""
+    packing = {"enabled": True, "share_prompts": True}
+    with pytest.raises(ValueError, match="share_prompts is not supported by backend=megatron"):
+        TrainBackendConfig(backend="megatron", packing=packing, **BASE)
+
+
 def test_megatron_packing_checkpoint_and_export(tiny_model_dir, skewed_lengths, tmp_path):
     pytest.importorskip("megatron.core")
     from transformers import AutoModelForCausalLM

@@ -54,6 +54,10 @@ class GenerationConfig(StrictModel):
     """Longest prompt + completion. None: min(model's max_position_embeddings, 2048)."""
     seed: int | None = None
     """Seeds calls that do not give ``SamplingParams.seed``. None: fresh entropy."""
+    share_prompt_prefix: bool = True
+    """native only: prompts prefilled together that start with the same tokens (a system prompt, the
+    instruction template) compute that prefix once. Same outputs; vLLM's counterpart is
+    ``vllm.enable_prefix_caching``."""
     num_replicas: int = Field(0, ge=0)
     """Data-parallel replicas as Ray actors; 0 runs one engine inside this process."""
     cpus_per_replica: float = Field(1.0, gt=0)

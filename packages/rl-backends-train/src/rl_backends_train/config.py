@@ -30,6 +30,19 @@ class PackingConfig(StrictModel):
     enabled: bool = False
     max_tokens_per_micro_batch: int = Field(4096, gt=0)
     """Token budget of one packed row (one micro-batch). A longer sequence gets a row of its own."""
+    share_prompts: bool = False
+    """Rows with the same prompt (the tokens before the first ``loss_mask`` token; GRPO's n
+    generations of one prompt) are packed with one copy of it: each answer attends to the shared
+    prompt and to itself, so the prompt's forward and backward run once per group instead of once per
+    row. The same function as the padded layout (equal within fp32 rounding). Needs ``enabled``; rows
+    without a ``loss_mask`` are packed whole. DTensor backend only. Keep the budget near one group's tokens: the packed
+    row's attention is computed densely, masked."""
+
+    @model_validator(mode="after")
+    def _check_share_prompts(self) -> PackingConfig:
+        if self.share_prompts and not self.enabled:
+            raise ValueError("packing.share_prompts=true packs rows and needs packing.enabled=true")
+        return self
 
 
 class DynamicBatchingConfig(StrictModel):
@@ -72,11 +85,22 @@ class TrainBackendConfig(StrictModel):
     backend: Literal["dtensor", "megatron"] = "dtensor"
     """dtensor: PyTorch FSDP2 + tensor parallel (torch only). megatron: megatron-core (extra)."""
     num_workers: int = Field(1, gt=0)
-    """Ranks in the worker group: data parallel size x tensor_parallel_size."""
+    """Ranks in the worker group: data parallel size x tensor_parallel_size x pipeline_parallel_size."""
     tensor_parallel_size: int = Field(1, gt=0)
-    """Ranks that split each layer's weights (Llama/Qwen2 plans). Must divide num_workers."""
+    """Ranks that split each layer's weights (Llama/Qwen2 plans). tensor x pipeline size must divide
+    num_workers."""
     pipeline_parallel_size: int = Field(1, gt=0)
-    """1 only: neither backend implements pipeline parallelism (a larger value is a config error)."""
+    """backend=megatron only: pipeline stages, each holding num_hidden_layers / pipeline_parallel_size
+    consecutive decoder layers (the first also the embedding, the last the final norm and the output
+    layer), run with megatron-core's 1F1B schedule over the micro-batches. num_hidden_layers must divide
+    by it. backend=dtensor: 1 only (a larger value is a config error)."""
+    context_parallel_size: int = Field(1, gt=0)
+    """1 only. Context parallelism (splitting long sequences over ranks) is megatron-core's
+    TEDotProductAttention feature; this backend builds the local (non-Transformer-Engine) layer spec,
+    whose attention refuses it (and TE does not run without CUDA)."""
+    expert_parallel_size: int = Field(1, gt=0)
+    """1 only. Expert parallelism splits the experts of mixture-of-experts layers; both backends map
+    dense Llama/Qwen2 models, which have no experts."""
     sequence_parallel: bool = False
     """DTensor backend, tensor_parallel_size > 1 only: the norms and the residual stream between the
     attention/MLP blocks are sharded over the sequence dimension across the tensor-parallel ranks
@@ -111,20 +135,37 @@ class TrainBackendConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check_layout(self) -> TrainBackendConfig:
-        if self.num_workers % self.tensor_parallel_size:
+        model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size
+        if self.num_workers % model_parallel:
             raise ValueError(
-                f"tensor_parallel_size={self.tensor_parallel_size} must divide num_workers={self.num_workers}"
+                f"tensor_parallel_size={self.tensor_parallel_size} x pipeline_parallel_size="
+                f"{self.pipeline_parallel_size} = {model_parallel} must divide num_workers={self.num_workers}"
             )
-        if self.pipeline_parallel_size != 1:
+        if self.pipeline_parallel_size > 1 and self.backend == "dtensor":
             raise ValueError(
-                f"pipeline_parallel_size={self.pipeline_parallel_size} is not supported: neither training backend "
-                "implements pipeline parallelism (megatron-core's pipeline schedules are not wired in, and they "
-                "allocate on CUDA); split the model with tensor_parallel_size instead")
+                f"pipeline_parallel_size={self.pipeline_parallel_size} is not supported by backend=dtensor: set "
+                "backend=megatron (pipeline stages with megatron-core's schedule), or pipeline_parallel_size=1 "
+                "and split the model with tensor_parallel_size")
+        if self.context_parallel_size != 1:
+            raise ValueError(
+                f"context_parallel_size={self.context_parallel_size} is not supported: megatron-core implements "
+                "context parallelism only in Transformer Engine's attention, which this library does not build "
+                "(it uses the local layer spec, on CPU and GPU); shorten sequences, use activation_checkpointing, "
+                "or split the model with tensor_parallel_size / pipeline_parallel_size")
+        if self.expert_parallel_size != 1:
+            raise ValueError(
+                f"expert_parallel_size={self.expert_parallel_size} is not supported: the training backends map dense "
+                "Llama/Qwen2 models, which have no experts to split; leave it at 1")
         if self.sequence_parallel and self.tensor_parallel_size == 1:
             raise ValueError("sequence_parallel=True shards activations over the tensor-parallel ranks and needs "
                              "tensor_parallel_size > 1; set tensor_parallel_size (e.g. 2) or sequence_parallel=False")
         if self.packing.enabled and self.dynamic_batching.enabled:
             raise ValueError("packing and dynamic_batching are alternatives: enable at most one")
+        if self.packing.share_prompts and self.backend == "megatron":
+            raise ValueError("packing.share_prompts is not supported by backend=megatron: megatron-core's RoPE "
+                             "follows the packed row's positions, not position_ids, so an answer packed after "
+                             "another would see its prompt at the wrong distance; use backend=dtensor or "
+                             "packing.share_prompts=false")
         if self.lora is not None and self.tensor_parallel_size > 1 and self.backend == "dtensor":
             raise ValueError("lora with tensor_parallel_size > 1 is not supported by backend=dtensor: set "
                              "tensor_parallel_size=1, or backend=megatron (LoRA on tensor-parallel layers)")
@@ -134,4 +175,4 @@ class TrainBackendConfig(StrictModel):
 
     @property
     def data_parallel_size(self) -> int:
-        return self.num_workers // self.tensor_parallel_size
+        return self.num_workers // (self.tensor_parallel_size * self.pipeline_parallel_size)

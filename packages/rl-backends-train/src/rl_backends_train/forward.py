@@ -6,24 +6,30 @@ column 0 and padding hold 0. Logits are divided by the temperature before any so
 With ``loss_tokens_only`` (training), the LM head runs only from the first column any row's
 ``loss_mask`` covers: the prompt columns before it get no logits (their logprobs and entropy are 0),
 which saves the vocab-sized work on them (for GRPO on short answers, most of a sequence is prompt).
+Packed micro-batches get the same saving through the packed positions those columns map to (HF
+models take them as ``logits_to_keep``; other models compute every logit and index).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 from rl_backends_train.batching import MicroBatch, pack_rows
 from rl_core.types import ModelOutputs
 
 
 def run_model(model: nn.Module, mb: MicroBatch, score_head: nn.Module | None,
-              device: torch.device, keep_last: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+              device: torch.device, keep_last: int = 0,
+              keep_positions: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Raw ``logits [b, t, V]`` (causal LM) and per-position ``scores [b, t]`` (reward model) of ``mb``.
 
-    ``keep_last > 0`` (unpacked causal LM only): logits of the last ``keep_last`` positions only,
+    ``keep_last > 0`` (causal LM only): logits of the last ``keep_last`` positions only,
     ``[b, keep_last, V]``. Packed micro-batches run as one ``[1, L]`` row and are scattered back to
-    ``[b, t]``."""
+    ``[b, t]`` (or ``[b, keep_last]``). ``keep_positions``: HF models get the packed positions as
+    ``logits_to_keep`` (False: every logit is computed, then indexed; sequence-parallel hidden states
+    are DTensors that a plain index tensor cannot select from)."""
     batch = mb.batch
     captured: list[torch.Tensor] = []
     hook = None
@@ -32,10 +38,18 @@ def run_model(model: nn.Module, mb: MicroBatch, score_head: nn.Module | None,
         hook = score_head.register_forward_hook(lambda _m, _i, out: captured.append(out))
     try:
         if mb.packed:
-            ids, position_ids, mask, unpack_index = pack_rows(batch)
-            out = model(input_ids=ids.to(device), position_ids=position_ids.to(device), attention_mask=mask.to(device))
+            ids, position_ids, mask, unpack_index = pack_rows(batch, share_prompts=mb.share_prompts)
+            extra = {}
+            if keep_last > 0:
+                unpack_index = unpack_index[:, unpack_index.shape[1] - keep_last:]
+                if keep_positions and isinstance(model, PreTrainedModel):  # LM head only where needed
+                    needed = torch.unique(unpack_index)  # sorted
+                    extra["logits_to_keep"] = needed.to(device)
+                    unpack_index = torch.searchsorted(needed, unpack_index.contiguous())
+            out = model(input_ids=ids.to(device), position_ids=position_ids.to(device), attention_mask=mask.to(device),
+                        **extra)
             raw = captured[0] if captured else out.logits
-            raw = raw[0][unpack_index.to(device)]  # [b, t, V or 1]
+            raw = raw[0][unpack_index.to(device)]  # [b, t or keep_last, V or 1]
         else:
             extra = {"logits_to_keep": keep_last} if keep_last > 0 else {}
             out = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device), **extra)
@@ -50,15 +64,15 @@ def run_model(model: nn.Module, mb: MicroBatch, score_head: nn.Module | None,
 
 def model_outputs(model: nn.Module, mb: MicroBatch, *, device: torch.device, temperature: float,
                   need_logits: bool, need_entropy: bool, score_head: nn.Module | None = None,
-                  loss_tokens_only: bool = False) -> ModelOutputs:
+                  loss_tokens_only: bool = False, keep_positions: bool = True) -> ModelOutputs:
     """ModelOutputs of one micro-batch (with autograd when grad is enabled).
 
     ``loss_tokens_only``: logprobs/entropy only from the first ``loss_mask`` column on (see the
-    module docstring); ignored for packed micro-batches, reward models and when logits are needed."""
+    module docstring); ignored for reward models and when logits are needed."""
     keep_last = 0
-    if loss_tokens_only and not (mb.packed or need_logits or score_head is not None):
+    if loss_tokens_only and not (need_logits or score_head is not None):
         keep_last = logits_needed(mb.batch)
-    raw, per_position_scores = run_model(model, mb, score_head, device, keep_last)
+    raw, per_position_scores = run_model(model, mb, score_head, device, keep_last, keep_positions)
     batch = mb.batch
     mask = batch["attention_mask"].to(raw.device).bool()
     if per_position_scores is not None:

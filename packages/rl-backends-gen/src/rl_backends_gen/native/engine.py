@@ -3,7 +3,8 @@
 One ``generate`` call runs this loop until every requested sample is done::
 
     while samples wait or rows are active:
-        admit waiting samples into free rows   # one prefill per prompt, KV copied to its n samples
+        admit waiting samples into free rows   # one prefill per prompt, KV copied to its n samples;
+                                               # a prefix the prompts share runs once
         decode one token for all active rows   # one forward over R rows, cache updated in place
         finished rows leave (last rows move into their slots)
 
@@ -20,7 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
-from rl_backends_gen.native.kv_cache import ATTENTION_NAME, DecodeStep, KVCache, PrefillStep, register_attention
+from rl_backends_gen.native.kv_cache import (
+    ATTENTION_NAME,
+    DecodeStep,
+    KVCache,
+    PrefillStep,
+    SuffixPrefillStep,
+    register_attention,
+)
 from rl_backends_gen.native.rows import ActiveRows, RowInfo
 from rl_backends_gen.native.sampling import draw_uniforms, fresh_base_seed, sample_seed, sample_tokens
 from rl_backends_gen.requests import default_stop_token_ids, validate_prompts, validate_sampling
@@ -32,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_SEQ_LEN = 2048
+MIN_SHARED_PREFIX = 8  # shorter common prefixes are not worth a forward of their own
 
 
 @dataclass
@@ -40,7 +49,8 @@ class EngineStats:
 
     prefill_forwards: int = 0
     prefill_prompts: int = 0
-    prefill_tokens: int = 0  # padded tokens run through prefill
+    prefill_tokens: int = 0  # padded tokens run through prefill (a shared prefix counted once)
+    shared_prefix_tokens: int = 0  # prompt tokens not recomputed because a prefix was shared
     decode_steps: int = 0
     generated_tokens: int = 0
 
@@ -61,11 +71,14 @@ class NativeEngine:
         tokenizer: a tokenizer object or path; default: the one in ``model_path`` when present
             (needed for ``text`` and stop strings).
         max_prefill_tokens: padded tokens per prefill forward (bounds activation memory).
+        share_prompt_prefix: the prompts of one prefill that start with the same tokens (a system
+            prompt, a template: at least 8) run that prefix once, its keys/values copied to every
+            row; the rest of each prompt attends to it. The same function, fewer prefill FLOPs.
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 64,
                  max_seq_len: int | None = None, seed: int | None = None, tokenizer=None,
-                 max_prefill_tokens: int = 16384):
+                 max_prefill_tokens: int = 16384, share_prompt_prefix: bool = True):
         from transformers import AutoModelForCausalLM
 
         if dtype not in DTYPES:
@@ -87,6 +100,7 @@ class NativeEngine:
         self.max_seq_len = int(max_seq_len or min(limit, DEFAULT_MAX_SEQ_LEN))
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
+        self.share_prompt_prefix = share_prompt_prefix
         self.default_stop_token_ids = default_stop_token_ids(self.tokenizer, config,
                                                              getattr(self.model, "generation_config", None))
         self._seed_generator = torch.Generator().manual_seed(seed) if seed is not None else None
@@ -235,26 +249,41 @@ class _GenerateCall:
 
     def _prefill(self, prompt_indices: list[int], slots_of_prompt: dict[int, list[int]]) -> None:
         engine, device = self.engine, self.device
-        lengths = [len(self.prompts[i]) for i in prompt_indices]
-        width = max(lengths)
-        input_ids = torch.zeros(len(prompt_indices), width, dtype=torch.long)
-        for row, index in enumerate(prompt_indices):
-            input_ids[row, : lengths[row]] = torch.tensor(self.prompts[index])
+        prompts = [self.prompts[i] for i in prompt_indices]
+        lengths = [len(p) for p in prompts]
         slots, row_of_slot = [], []
         for row, index in enumerate(prompt_indices):
             slots += slots_of_prompt[index]
             row_of_slot += [row] * len(slots_of_prompt[index])
         slots_t = torch.tensor(slots, device=device)
         row_of_slot_t = torch.tensor(row_of_slot, device=device)
-        positions = torch.arange(width, device=device).expand(len(prompt_indices), width)
-        step = PrefillStep(self.cache, slots_t, row_of_slot_t, width)
-        hidden = engine._forward(input_ids.to(device), positions, step)  # [P, L, hidden]
-        last = torch.tensor(lengths, device=device) - 1
+        # Every prompt keeps at least its last token out of the shared prefix: its logits sample.
+        start = common_prefix_length(prompts) if engine.share_prompt_prefix and len(prompts) > 1 else 0
+        start = min(start, min(lengths) - 1)
+        if start >= MIN_SHARED_PREFIX:
+            prefix = torch.tensor(prompts[0][:start], device=device)[None]
+            engine._forward(prefix, torch.arange(start, device=device)[None],
+                            PrefillStep(self.cache, slots_t, torch.zeros_like(slots_t), start))
+            first_slot_of_row = torch.tensor([slots_of_prompt[i][0] for i in prompt_indices], device=device)
+        else:
+            start = 0
+        width = max(lengths) - start
+        input_ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, : lengths[row] - start] = torch.tensor(prompt[start:])
+        positions = torch.arange(start, start + width, device=device).expand(len(prompts), width)
+        if start:
+            step = SuffixPrefillStep(self.cache, slots_t, row_of_slot_t, first_slot_of_row, start, width)
+        else:
+            step = PrefillStep(self.cache, slots_t, row_of_slot_t, width)
+        hidden = engine._forward(input_ids.to(device), positions, step)  # [P, width, hidden]
+        last = torch.tensor(lengths, device=device) - start - 1
         logits = engine._logits(hidden[torch.arange(len(lengths), device=device), last])  # [P, V]
         self._sample_and_record(slots_t, logits[row_of_slot_t])
-        engine.stats.prefill_forwards += 1
+        engine.stats.prefill_forwards += 1 + (start > 0)
         engine.stats.prefill_prompts += len(prompt_indices)
-        engine.stats.prefill_tokens += len(prompt_indices) * width
+        engine.stats.prefill_tokens += start + len(prompt_indices) * width
+        engine.stats.shared_prefix_tokens += start * (len(prompt_indices) - 1)
 
     # -------------------------------------------------------------------------------------- decode
 
@@ -311,6 +340,17 @@ class _GenerateCall:
             finish_reason=finish_reason,  # type: ignore[arg-type]
             text=text,
         )
+
+
+def common_prefix_length(sequences: list[list[int]]) -> int:
+    """Length of the longest prefix all ``sequences`` share."""
+    shortest = min(len(s) for s in sequences)
+    first = sequences[0]
+    for k in range(shortest):
+        token = first[k]
+        if any(s[k] != token for s in sequences):
+            return k
+    return shortest
 
 
 def _check_supported(config) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -77,17 +78,18 @@ class DTensorWorker:
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
-        for mb in self._micro_batches(local):
-            outputs = self._outputs(self.model, mb, temperature, need_logits=loss_fn.needs_logits, need_entropy=True,
-                                    loss_tokens_only=True)
+
+        def loss_of(mb: MicroBatch, outputs: ModelOutputs) -> torch.Tensor:
             if mb.dummy:
-                loss = _zero_loss(outputs)
-            else:
-                loss, metrics = loss_fn(outputs, _to_device(mb.batch, self.device), normalizer)
-                sums["loss"] += float(loss.detach())
-                for key, value in metrics.items():
-                    sums[key] += float(value)
-            loss.backward()
+                return _zero_loss(outputs)
+            loss, metrics = loss_fn(outputs, _to_device(mb.batch, self.device), normalizer)
+            sums["loss"] += float(loss.detach())
+            for key, value in metrics.items():
+                sums[key] += float(value)
+            return loss
+
+        self._run_micro_batches(self.model, self._micro_batches(local), loss_of, backward=True, temperature=temperature,
+                                need_logits=loss_fn.needs_logits, need_entropy=True, loss_tokens_only=True)
         self._reduce_gradients()
         grad_norm = self._clip_gradients()
         lrs = [opt.param_groups[0]["lr"] for opt in self.optimizers]
@@ -109,12 +111,15 @@ class DTensorWorker:
         """[B_local, T] logprobs of this rank's shard (policy or reference weights)."""
         local = shard(batch, self.dp_rank, self.cfg.data_parallel_size)
         out = torch.zeros(local["input_ids"].shape, dtype=torch.float32)
+
+        def keep(mb: MicroBatch, outputs: ModelOutputs) -> None:
+            if not mb.dummy:
+                out[mb.rows, : outputs.logprobs.shape[1]] = outputs.logprobs.float().cpu()
+
         with self._reference_weights(reference) as model:
-            for mb in self._micro_batches(local):
-                outputs = self._outputs(model, mb, temperature, need_logits=False, need_entropy=False)
-                if not mb.dummy:
-                    out[mb.rows, : outputs.logprobs.shape[1]] = outputs.logprobs.float().cpu()
-        return out
+            self._run_micro_batches(model, self._micro_batches(local), keep, backward=False, temperature=temperature,
+                                    need_logits=False, need_entropy=False)
+        return self._from_last_stage(out)
 
     @torch.no_grad()
     def scores(self, batch: Batch) -> torch.Tensor:
@@ -137,16 +142,19 @@ class DTensorWorker:
         b, t = local["input_ids"].shape
         values = torch.zeros(b, t, k, dtype=torch.float32)
         indices = torch.zeros(b, t, k, dtype=torch.long)
-        self.model.eval()
-        for mb in self._micro_batches(local):
-            outputs = self._outputs(self.model, mb, temperature, need_logits=True, need_entropy=False)
+
+        def keep(mb: MicroBatch, outputs: ModelOutputs) -> None:
             if mb.dummy:
-                continue
+                return
             top = outputs.logits.topk(k, dim=-1)
             width = outputs.logits.shape[1]
             values[mb.rows, :width] = top.values.float().cpu()
             indices[mb.rows, :width] = top.indices.cpu()
-        return values, indices
+
+        self.model.eval()
+        self._run_micro_batches(self.model, self._micro_batches(local), keep, backward=False, temperature=temperature,
+                                need_logits=True, need_entropy=False)
+        return self._from_last_stage(values), self._from_last_stage(indices)
 
     # ------------------------------------------------------------------------------------- weights
 
@@ -230,6 +238,7 @@ class DTensorWorker:
                 "model_type": self.hf_config.model_type,
                 "world_size": dist.get_world_size(),
                 "tensor_parallel_size": self.cfg.tensor_parallel_size,
+                "pipeline_parallel_size": self.cfg.pipeline_parallel_size,
             })
             ckpt.publish(staging, path)
         dist.barrier()
@@ -274,6 +283,21 @@ class DTensorWorker:
     def _restore_checkpoint_state(self, state: dict) -> None:
         set_state_dict(self.model, self.optimizers, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
+    def _run_micro_batches(self, model, mbs: list[MicroBatch],
+                           on_outputs: Callable[[MicroBatch, ModelOutputs], torch.Tensor | None], *, backward: bool,
+                           **output_kwargs) -> None:
+        """Each micro-batch's ModelOutputs (``_outputs(model, mb, **output_kwargs)``) handed to
+        ``on_outputs``; with ``backward``, the loss it returns is back-propagated. (The Megatron
+        backend runs this as a pipeline schedule, with ``on_outputs`` on the last stage.)"""
+        for mb in mbs:
+            result = on_outputs(mb, self._outputs(model, mb, **output_kwargs))
+            if backward:
+                result.backward()
+
+    def _from_last_stage(self, value):
+        """A result computed by the last pipeline stage, on every rank (no pipeline here: itself)."""
+        return value
+
     def _micro_batches(self, local: Batch) -> list[MicroBatch]:
         """This rank's micro-batches, topped up with dummies so every rank runs as many forwards
         (FSDP collectives inside each forward/backward must pair up across ranks)."""
@@ -288,7 +312,7 @@ class DTensorWorker:
         score_head = getattr(model, "score", None) if self.cfg.task == "reward_model" else None
         return model_outputs(model, mb, device=self.device, temperature=temperature, need_logits=need_logits,
                              need_entropy=need_entropy and score_head is None, score_head=score_head,
-                             loss_tokens_only=loss_tokens_only)
+                             loss_tokens_only=loss_tokens_only, keep_positions=not self.cfg.sequence_parallel)
 
     @contextlib.contextmanager
     def _reference_weights(self, reference: bool):

@@ -12,6 +12,14 @@ Applied only when CUDA is absent (``apply_cpu_shims`` is a no-op on a GPU machin
 4. Activation recompute (``tensor_parallel.checkpoint``) saves and restores the CPU RNG state, the
    CUDA RNG state and the tracker's states around the recomputed forward; reading the CUDA state
    raises without CUDA. The shim saves/restores the CPU state and the tracker's (CPU) states only.
+5. The pipeline schedules (``pipeline_parallel/schedules.py``) count tokens in
+   ``torch.zeros([], device="cuda")``, and the p2p communicator (``p2p_communication.py``) allocates
+   received activations and shapes on ``torch.cuda.current_device()`` and calls
+   ``torch.cuda.synchronize()``. The shim gives these two modules a ``torch`` of their own
+   (``_TorchWithoutCuda``) whose ``zeros(device="cuda")`` and ``cuda.current_device()`` mean the CPU
+   and whose ``cuda.synchronize()`` does nothing; everything else is torch itself. The schedules'
+   logic (1F1B order, p2p sends and receives, ``batch_isend_irecv``, which gloo runs op by op) is
+   unchanged.
 """
 
 from __future__ import annotations
@@ -21,6 +29,34 @@ import operator
 from functools import reduce
 
 import torch
+
+
+class _CudaOnCpu:
+    """``torch.cuda`` for code that only asks it where to allocate and when to synchronise."""
+
+    @staticmethod
+    def current_device() -> str:
+        return "cpu"
+
+    @staticmethod
+    def synchronize(*args, **kwargs) -> None:
+        return None
+
+    def __getattr__(self, name: str):
+        return getattr(torch.cuda, name)
+
+
+class _TorchWithoutCuda:
+    """``torch`` as seen by one megatron-core module (shim 5)."""
+
+    cuda = _CudaOnCpu()
+
+    @staticmethod
+    def zeros(*args, device=None, **kwargs) -> torch.Tensor:
+        return torch.zeros(*args, device="cpu" if device == "cuda" else device, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
 
 _applied = False
 
@@ -34,6 +70,7 @@ def apply_cpu_shims() -> bool:
         return True
     from megatron.core import utils as mcore_utils
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.pipeline_parallel import p2p_communication, schedules
     from megatron.core.tensor_parallel import random as mcore_random
 
     def get_tensor_on_cpu(self, tensor_shape, dtype, name, mem_alloc_context=None):
@@ -68,5 +105,6 @@ def apply_cpu_shims() -> bool:
     # CheckpointFunction and _fork_rng look these module globals up at call time.
     mcore_random._get_all_rng_states = get_rng_states_without_cuda
     mcore_random._set_all_rng_states = set_rng_states_without_cuda
+    schedules.torch = p2p_communication.torch = _TorchWithoutCuda()
     _applied = True
     return True

@@ -116,6 +116,8 @@ def apply_lora(model, cfg: LoRAConfig, *, seed: int) -> list[str]:
 
     A is Kaiming-uniform (as ``nn.Linear`` and PEFT), drawn whole from a generator seeded with
     ``seed`` and then split, so every tensor-parallel size starts from the same adapters; B is zero.
+    Each pipeline stage draws the A of every layer of the model in order and keeps its own layers',
+    so every pipeline size starts from the same adapters too.
     Returns the HF module names that got adapters; names outside ``HF_PROJECTIONS`` are rejected by
     ``check_megatron_config``."""
     model.requires_grad_(False)
@@ -124,11 +126,11 @@ def apply_lora(model, cfg: LoRAConfig, *, seed: int) -> list[str]:
     tp, rank = model.tp_size, model.tp_rank
     targets = set(cfg.target_modules)
     adapted = []
-    for i, layer in enumerate(model.gpt.decoder.layers):
+    layers, offset = model.gpt.decoder.layers, model.stage.layer_offset
+    for i in range(model.config.num_hidden_layers):
+        layer = layers[i - offset] if 0 <= i - offset < len(layers) else None  # None: another stage's
         for linear_name, (parent, projections) in FUSED_LINEARS.items():
-            linear = layer.get_submodule(linear_name)
             row_parallel = linear_name in ROW_PARALLEL
-            weight = linear.weight
             pairs = {}
             for proj in projections:
                 if proj not in targets:
@@ -136,20 +138,25 @@ def apply_lora(model, cfg: LoRAConfig, *, seed: int) -> list[str]:
                 out_f, in_f = shapes[proj]
                 a = torch.empty(cfg.rank, in_f)
                 nn.init.kaiming_uniform_(a, a=5**0.5, generator=generator)
+                if layer is None:
+                    continue
+                weight = layer.get_submodule(linear_name).weight
                 b = torch.zeros(out_f, cfg.rank)
                 a, b = (a.chunk(tp, dim=1)[rank], b) if row_parallel else (a, b.chunk(tp, dim=0)[rank])
                 pairs[proj] = LoRAPair(a.to(weight), b.to(weight))
                 adapted.append(f"model.layers.{i}.{parent}.{proj}")
             if not pairs:
                 continue
+            linear = layer.get_submodule(linear_name)
             out_sizes = {p: shapes[p][0] // (1 if row_parallel else tp) for p in projections}
             groups = shapes["groups"] // tp if linear_name == "self_attention.linear_qkv" else 1
             linear.lora = FusedLoRA(pairs, out_sizes, groups, row_parallel=row_parallel, scale=cfg.alpha / cfg.rank,
                                     dropout=cfg.dropout, tp_group=model.tp_group)
             linear.register_forward_hook(_add_update, with_kwargs=True)
-    if model.gpt.config.recompute_granularity is not None:
+    if model.gpt.config.recompute_granularity is not None and model.stage.first:
         # Megatron's recompute is a reentrant autograd.Function: with the embedding frozen its input
-        # would not require grad, and no gradient would reach the adapters inside it.
+        # would not require grad, and no gradient would reach the adapters inside it. (Later pipeline
+        # stages start from a received activation, which requires grad.)
         model.gpt.embedding.register_forward_hook(_require_grad)
     model.lora_scale = cfg.alpha / cfg.rank
     return adapted

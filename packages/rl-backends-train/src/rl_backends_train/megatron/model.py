@@ -12,6 +12,13 @@ over the tensor-parallel group: every rank of the group must call them).
 With LoRA (``megatron/lora.py``) the adapters live inside the GPTModel's linears; ``hf_state_dict``
 folds them into the HF weights unless ``merged=False``, ``hf_adapter_state_dict`` gives them alone
 under PEFT names, and ``load_hf_state_dict`` takes base and adapter tensors together.
+
+With pipeline parallelism (``megatron/stages.py``) each rank builds its stage's part of the GPTModel
+(``pre_process`` on the first stage, ``post_process`` on the last); a stage that is not the last
+returns its hidden states ``[t, b, hidden]`` (the input of the next stage, which Megatron's schedule
+sets with ``set_input_tensor``). The HF-name views cover this stage's tensors only, under their
+global names (layer indices of the whole model); ``load_hf_state_dict`` takes the whole model or any
+part of it and keeps what this stage holds.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rl_backends_train.megatron import lora, tp_shards
+from rl_backends_train.megatron import lora, stages, tp_shards
 
 _FAMILIES = ("llama", "qwen2")
 
@@ -32,11 +39,13 @@ def rope_theta(config) -> float:
     return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 
-def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: int = 1, recompute: bool = False):
+def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                       recompute: bool = False):
     """megatron-core TransformerConfig equal to the HF model (RMSNorm, SwiGLU, RoPE, GQA).
 
     ``recompute``: Megatron's full recompute of every decoder layer in backward (``uniform``, one
-    layer per unit), the same granularity as the DTensor backend's activation checkpointing."""
+    layer per unit), the same granularity as the DTensor backend's activation checkpointing.
+    ``pipeline_parallel_size > 1``: the settings ``megatron/pipeline.py`` runs the schedule with."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     if hf_config.model_type not in _FAMILIES:
@@ -47,6 +56,19 @@ def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: i
     recompute_kwargs = {}
     if recompute:
         recompute_kwargs = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    pipeline_kwargs = {}
+    if pipeline_parallel_size > 1:
+        pipeline_kwargs = {
+            "pipeline_model_parallel_size": pipeline_parallel_size,
+            "pipeline_dtype": dtype,
+            # Micro-batches differ in length and rows: stages send the activation's shape first.
+            "variable_seq_lengths": True,
+            # No MoE layers; TransformerConfig rejects its default dispatcher with variable lengths.
+            "moe_token_dispatcher_type": "alltoall",
+            # Losses are already divided by global counts: the schedule must not divide them again
+            # (by the number of micro-batches, or by a token count).
+            "calculate_per_token_loss": True,
+        }
     return TransformerConfig(
         tensor_model_parallel_size=tensor_parallel_size,
         num_layers=hf_config.num_hidden_layers,
@@ -73,12 +95,13 @@ def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: i
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=True,
         **recompute_kwargs,
+        **pipeline_kwargs,
     )
 
 
 class MegatronCausalLM(nn.Module):
-    """A GPTModel (local layer spec, pipeline 1) with an HF causal-LM calling convention; this
-    rank's tensor-parallel shard when model parallelism is initialised with TP > 1."""
+    """A GPTModel (local layer spec) with an HF causal-LM calling convention: this rank's
+    tensor-parallel shard of its pipeline stage (the whole model with TP = PP = 1)."""
 
     def __init__(self, hf_config, dtype: torch.dtype, *, recompute: bool = False) -> None:
         super().__init__()
@@ -91,21 +114,34 @@ class MegatronCausalLM(nn.Module):
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+        pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         tp_shards.check_fits(hf_config, self.tp_size)
+        stages.check_fits(hf_config, pp_size)
+        tied = bool(hf_config.tie_word_embeddings)
         self.gpt = GPTModel(
-            transformer_config(hf_config, dtype, tensor_parallel_size=self.tp_size, recompute=recompute),
+            transformer_config(hf_config, dtype, tensor_parallel_size=self.tp_size, pipeline_parallel_size=pp_size,
+                               recompute=recompute),
             get_gpt_layer_local_spec(normalization="RMSNorm"),
             vocab_size=hf_config.vocab_size,
             max_sequence_length=hf_config.max_position_embeddings,
+            pre_process=pp_rank == 0,
+            post_process=pp_rank == pp_size - 1,
             position_embedding_type="rope",
             rotary_base=int(rope_theta(hf_config)),
-            share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
+            # With several stages the last one keeps its own copy of tied embeddings (stages.py), loaded
+            # from the HF weights like the first stage's; Megatron's own set-up of that copy (an
+            # all-reduce after moving it to CUDA) is not needed then.
+            share_embeddings_and_output_weights=tied and pp_size == 1,
         )
+        self.stage = stages.stage_of(self.gpt, pp_rank, pp_size, tied)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, logits_to_keep: int = 0) -> SimpleNamespace:
         """HF-style call; ``logits_to_keep > 0`` returns the logits of the last that many positions
-        (computed in full: GPTModel has no hook before its output layer)."""
+        (computed in full: GPTModel has no hook before its output layer). A stage other than the
+        last returns ``hidden_states`` [t, b, hidden] instead of logits (the first stage embeds
+        ``input_ids``; later ones start from the tensor set by ``gpt.set_input_tensor``)."""
         b, t = input_ids.shape
         if attention_mask is not None and attention_mask.dim() == 4:
             masked_out = ~attention_mask.bool()  # [b, 1, t, t]
@@ -114,7 +150,10 @@ class MegatronCausalLM(nn.Module):
             masked_out = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).triu(1)[None, None]
         if position_ids is None:
             position_ids = torch.arange(t, device=input_ids.device)[None].expand(b, -1)
-        logits = self.gpt(input_ids, position_ids, masked_out.expand(b, 1, t, t))  # [b, t, V / tp]
+        out = self.gpt(input_ids, position_ids, masked_out.expand(b, 1, t, t))
+        if not self.stage.last:
+            return SimpleNamespace(hidden_states=out)  # [t, b, hidden]
+        logits = out  # [b, t, V / tp]
         if self.tp_size > 1:
             logits = tp_shards.GatherVocabShards.apply(logits, self.tp_group)
         if logits_to_keep > 0:
@@ -123,45 +162,52 @@ class MegatronCausalLM(nn.Module):
 
     # HF names <-> Megatron names through rl_checkpoint's mapping (the converter's, shared).
     def hf_shapes(self) -> dict[str, torch.Tensor]:
-        """Meta tensors with the full (unsharded) HF shapes and dtypes; no communication."""
+        """Meta tensors with the full (unsharded) HF shapes and dtypes of this stage's tensors; no
+        communication."""
         from rl_checkpoint.megatron_mapping import megatron_to_hf
 
         meta = {name: torch.empty(tp_shards.full_shape(name, t.shape, self.tp_size), dtype=t.dtype, device="meta")
-                for name, t in self._own_state().items()}
-        return megatron_to_hf(meta, self.config.to_dict())
+                for name, t in self._global_state().items()}
+        return megatron_to_hf(meta, self._mapping_config())
 
     def hf_state_dict(self, names: list[str] | None = None, *, merged: bool = True) -> dict[str, torch.Tensor]:
-        """Full HF tensors (all of them, or ``names``), LoRA folded in unless ``merged=False``. With
-        TP > 1 a collective over the tensor-parallel group that gathers only the Megatron tensors
-        ``names`` come from."""
+        """Full HF tensors of this stage (all of them, or those of ``names`` it holds), LoRA folded in
+        unless ``merged=False``. With TP > 1 a collective over the tensor-parallel group that gathers
+        only the Megatron tensors ``names`` come from."""
         from rl_checkpoint.megatron_mapping import megatron_to_hf
 
-        own = self._own_state()
-        adapters = self._adapter_state() if merged else {}
+        own = self._global_state()
+        adapters = self._global_adapters() if merged else {}
         if names is not None:
             sources = _hf_sources(names)
             own = {k: v for k, v in own.items() if _megatron_source(k) & sources}
             adapters = {k: v for k, v in adapters.items() if _megatron_source(k) & sources}
         full = {k: tp_shards.gather_full(k, v, self.tp_group) for k, v in own.items()}
-        hf = megatron_to_hf(full, self.config.to_dict())
+        hf = megatron_to_hf(full, self._mapping_config())
         if adapters:
             hf = lora.merge_into(hf, self._gather_adapters(adapters), self.lora_scale)
-        return hf if names is None else {name: hf[name] for name in names}
+        return hf if names is None else {name: hf[name] for name in names if name in hf}
 
     def hf_adapter_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full LoRA tensors under PEFT names (``model.layers.0.self_attn.q_proj.lora_A.weight``);
+        """Full LoRA tensors of this stage under PEFT names (``model.layers.0.self_attn.q_proj.lora_A.weight``);
         a collective over the tensor-parallel group. Empty without LoRA."""
-        return self._gather_adapters(self._adapter_state())
+        return self._gather_adapters(self._global_adapters())
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load full HF tensors (LoRA tensors under PEFT names too); each rank keeps its shards."""
+        """Load full HF tensors (LoRA tensors under PEFT names too) of the whole model or a part of it;
+        each rank keeps its stage's tensors, and of those its tensor-parallel shards."""
         from rl_checkpoint.megatron_mapping import hf_to_megatron
 
+        state_dict = {k: v for k, v in state_dict.items() if self.stage.holds_hf_layer(k)}
         base = {k: v for k, v in state_dict.items() if not (".lora_A." in k or ".lora_B." in k)}
         adapters = {lora.megatron_adapter_name(k): v for k, v in state_dict.items() if k not in base}
         mapped = (hf_to_megatron(base, self.config.to_dict()) if base else {}) | adapters
-        mapped = {k: tp_shards.split_for_rank(k, v, self.tp_size, self.tp_rank) for k, v in mapped.items()}
-        missing, unexpected = self.gpt.load_state_dict(mapped, strict=False)
+        local = {}
+        for name, tensor in mapped.items():
+            local_name = self.stage.to_local(name)
+            if local_name is not None:
+                local[local_name] = tp_shards.split_for_rank(local_name, tensor, self.tp_size, self.tp_rank)
+        missing, unexpected = self.gpt.load_state_dict(local, strict=False)
         # Base and adapters may come separately (HF weights at build, a PEFT adapter later): what
         # was given must be complete.
         required = (set(self._own_state()) if base else set()) | (set(self._adapter_state()) if adapters else set())
@@ -176,6 +222,21 @@ class MegatronCausalLM(nn.Module):
 
     def _adapter_state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.gpt.state_dict().items() if lora.is_adapter_name(k)}
+
+    def _global_state(self) -> dict[str, torch.Tensor]:
+        """``_own_state`` under the names of the whole model (``stages.PipelineStage.to_global``)."""
+        return {self.stage.to_global(k): v for k, v in self._own_state().items()}
+
+    def _global_adapters(self) -> dict[str, torch.Tensor]:
+        return {self.stage.to_global(k): v for k, v in self._adapter_state().items()}
+
+    def _mapping_config(self) -> dict:
+        """The HF config for ``megatron_to_hf`` of this stage's tensors. A stage without the output
+        layer maps as if tied, so the mapping does not take its embedding for a missing lm_head."""
+        config = self.config.to_dict()
+        if not self.stage.last:
+            config["tie_word_embeddings"] = True
+        return config
 
     def _gather_adapters(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {lora.hf_adapter_name(k): tp_shards.gather_full(k, v, self.tp_group) for k, v in local.items()}

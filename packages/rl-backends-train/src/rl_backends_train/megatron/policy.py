@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 from rl_backends_train.dtensor.policy import DTensorPolicy
-from rl_backends_train.megatron.worker import MegatronWorker, check_megatron_config
+from rl_backends_train.megatron.worker import MegatronWorker, check_megatron_config, check_pipeline_fits
 
 
 class MegatronPolicy(DTensorPolicy):
-    """A megatron-core GPTModel sharded over ranks (tensor parallel x data parallel, pipeline 1)."""
+    """A megatron-core GPTModel sharded over ranks (tensor parallel x data parallel x pipeline stages)."""
 
     worker_cls = MegatronWorker
 
     def __init__(self, cfg, model_path: str, *, seed: int = 0, name: str = "policy") -> None:
         check_megatron_config(cfg)  # fail in the driver, before any worker starts
+        check_pipeline_fits(cfg, model_path)
         super().__init__(cfg, model_path, seed=seed, name=name)
 
     def load_adapter(self, path: str) -> None:
         """Replace the LoRA adapters by a PEFT-format adapter directory (``save_adapter``'s files, from
         either backend) whose rank, alpha and target modules equal ``policy.training.lora``."""
         self.group.run_all("load_adapter", str(path))
+
+    def _per_data_shard(self, results: list) -> list:
+        """One result per data shard: ranks ``dp_rank * tp`` of the first stage (rank = tp_rank + tp *
+        (dp_rank + dp * pp_rank); every stage returns the last stage's results)."""
+        tp = self.cfg.tensor_parallel_size
+        return results[: self.cfg.data_parallel_size * tp: tp]

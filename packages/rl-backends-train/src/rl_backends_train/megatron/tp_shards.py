@@ -12,7 +12,7 @@ megatron-core's tensor-parallel layout (local layer spec, no sequence parallel):
   dim 1 under the row-parallel ``linear_proj`` / ``linear_fc2``; the other factor is replicated;
 * everything else (the RMSNorm weights) is replicated.
 
-In checkpoints, optimizer state of a sharded parameter is a DTensor ``Shard(dim)`` over the
+In checkpoints (flattened optimizer state dicts), optimizer state of a sharded parameter is a DTensor ``Shard(dim)`` over the
 tensor-parallel mesh, so DCP reshards it between TP sizes. ``linear_fc1`` state is stored as
 ``[2, ffn, hidden]`` (gate, up) at every TP size: rank r's ``cat([gate_r, up_r])`` is then
 ``Shard(1)`` of it.
@@ -84,35 +84,42 @@ def gather_full(name: str, local: torch.Tensor, group) -> torch.Tensor:
 
 
 def optimizer_state_to_global(optim_state: dict, mesh) -> dict:
-    """``get_optimizer_state_dict`` output with each sharded parameter's state tensors made global
+    """A flattened optimizer state dict (``get_optimizer_state_dict(...,
+    flatten_optimizer_state_dict=True)``: keys ``state.<param fqn>.<entry>`` and
+    ``param_groups.<param fqn>.<entry>``) with each sharded parameter's state tensors made global
     (DTensors over the 1-D tensor-parallel ``mesh``; plain tensors when ``mesh`` is None)."""
     from torch.distributed.tensor import DTensor, Shard
 
-    def to_global(name: str, local: torch.Tensor) -> torch.Tensor:
-        dim = shard_dim(name)
-        if dim is None or local.ndim == 0:
+    def to_global(key: str, local):
+        fqn = _state_param(key)
+        dim = None if fqn is None else shard_dim(fqn)
+        if dim is None or not isinstance(local, torch.Tensor) or local.ndim == 0:
             return local
-        if name.endswith(_GLU):
+        if fqn.endswith(_GLU):
             local, dim = local.unflatten(0, (2, -1)), 1
         return local if mesh is None else DTensor.from_local(local, mesh, [Shard(dim)], run_check=False)
 
-    states = {fqn: {k: to_global(fqn, v) for k, v in s.items()} for fqn, s in optim_state["state"].items()}
-    return {**optim_state, "state": states}
+    return {key: to_global(key, value) for key, value in optim_state.items()}
 
 
 def optimizer_state_to_local(optim_state: dict) -> dict:
     """Inverse of ``optimizer_state_to_global`` (after DCP has loaded into it)."""
     from torch.distributed.tensor import DTensor
 
-    def to_local(name: str, value):
+    def to_local(key: str, value):
         if isinstance(value, DTensor):
             value = value.to_local()
-        if name.endswith(_GLU) and isinstance(value, torch.Tensor) and value.ndim == 3:
+        fqn = _state_param(key)
+        if fqn is not None and fqn.endswith(_GLU) and isinstance(value, torch.Tensor) and value.ndim == 3:
             value = value.flatten(0, 1)
         return value
 
-    states = {fqn: {k: to_local(fqn, v) for k, v in s.items()} for fqn, s in optim_state["state"].items()}
-    return {**optim_state, "state": states}
+    return {key: to_local(key, value) for key, value in optim_state.items()}
+
+
+def _state_param(key: str) -> str | None:
+    """``state.<param fqn>.<entry>`` -> the parameter's fqn (None for ``param_groups`` keys)."""
+    return key.removeprefix("state.").rsplit(".", 1)[0] if key.startswith("state.") else None
 
 
 class GatherVocabShards(torch.autograd.Function):

@@ -3,9 +3,13 @@
 Shares the DTensor worker's operations (micro-batching, packing, losses, logprobs, top-k,
 checkpoint layout) and replaces what is model-specific: building a GPTModel from the HF weights,
 data-parallel gradient sums (an all-reduce over the data-parallel group), the gradient norm over
-tensor-parallel shards, and HF names for refit, export and checkpoints. Covered: causal_lm, LoRA,
-tensor parallel (Megatron's layers; ranks of a tensor-parallel group are neighbours, as in the
-DTensor backend's mesh; LoRA included), activation recompute.
+tensor-parallel shards and pipeline stages, and HF names for refit, export and checkpoints. Covered:
+causal_lm, LoRA, tensor parallel (Megatron's layers; ranks of a tensor-parallel group are neighbours,
+as in the DTensor backend's mesh; LoRA included), pipeline parallel (``megatron/pipeline.py``:
+megatron-core's 1F1B schedule; results sent from the last stage to every rank; weights and
+checkpoints gathered under the names of the whole model), activation recompute.
+
+Rank layout: Megatron's order tp-cp-ep-dp-pp, ``rank = tp_rank + tp * (dp_rank + dp * pp_rank)``.
 
 LoRA (``megatron/lora.py``): one adapter pair per HF projection on Megatron's fused linears, PEFT
 names. Only adapters train; ``reference_logprobs`` runs the base (adapters off, no copy); refit and
@@ -20,17 +24,25 @@ import contextlib
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 
 from rl_backends_train.config import TrainBackendConfig
 from rl_backends_train.dtensor.worker import DTensorWorker
 from rl_backends_train.lora import adapter_config, write_adapter
-from rl_backends_train.megatron import lora, tp_shards
+from rl_backends_train.megatron import grads, lora, tp_shards
 from rl_backends_train.megatron.cpu_shims import apply_cpu_shims
 from rl_backends_train.megatron.model import MegatronCausalLM
+from rl_backends_train.megatron.pipeline import PipelineSchedule
 from rl_backends_train.optim import build_optimizers, build_schedulers, clip_grad_norm
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# Optimizer state in checkpoints: flattened (``state.<fqn>.<entry>``, ``param_groups.<fqn>.<entry>``),
+# so that stages holding different parameters do not collide on list positions.
+_FLAT_OPTIMIZER = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def check_megatron_config(cfg: TrainBackendConfig) -> None:
@@ -74,20 +86,40 @@ def _read_hf_weights(model_path: str, load_file) -> dict[str, torch.Tensor]:
     return weights
 
 
-def init_model_parallel(tensor_parallel_size: int) -> None:
-    """Megatron's process groups (order tp-cp-ep-dp-pp: tensor-parallel ranks are neighbours)."""
+def check_pipeline_fits(cfg: TrainBackendConfig, model_path: str) -> None:
+    """In the driver: the decoder layers must split evenly over the pipeline stages."""
+    if cfg.pipeline_parallel_size > 1:
+        from transformers import AutoConfig
+
+        from rl_backends_train.megatron import stages
+
+        stages.check_fits(AutoConfig.from_pretrained(model_path), cfg.pipeline_parallel_size)
+
+
+_groups_made_in = None  # the default process group Megatron's groups were made in
+
+
+def init_model_parallel(tensor_parallel_size: int, pipeline_parallel_size: int = 1) -> None:
+    """Megatron's process groups (order tp-cp-ep-dp-pp: tensor-parallel ranks are neighbours, the
+    pipeline stage varies slowest). Made again when the sizes differ, or when the default process
+    group is a new one (in-process workers re-create it after the last one shut down)."""
     from megatron.core import parallel_state
 
+    global _groups_made_in
     if parallel_state.model_parallel_is_initialized():
-        if parallel_state.get_tensor_model_parallel_world_size() == tensor_parallel_size:
+        if (_groups_made_in is dist.group.WORLD
+                and parallel_state.get_tensor_model_parallel_world_size() == tensor_parallel_size
+                and parallel_state.get_pipeline_model_parallel_world_size() == pipeline_parallel_size):
             return
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel_size,
-                                             pipeline_model_parallel_size=1)
+                                             pipeline_model_parallel_size=pipeline_parallel_size)
+    _groups_made_in = dist.group.WORLD
 
 
 class MegatronWorker(DTensorWorker):
-    """A rank holding its tensor-parallel shard of a GPTModel (data parallel over the shard groups)."""
+    """A rank holding its tensor-parallel shard of its pipeline stage of a GPTModel (data parallel over
+    the model-parallel groups)."""
 
     def __init__(self, cfg: TrainBackendConfig, model_path: str, seed: int = 0) -> None:
         from megatron.core import parallel_state
@@ -100,19 +132,25 @@ class MegatronWorker(DTensorWorker):
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
         if dist.get_world_size() != cfg.num_workers:
             raise ValueError(f"world size {dist.get_world_size()} != num_workers {cfg.num_workers}")
-        init_model_parallel(cfg.tensor_parallel_size)
+        init_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.pp_group = parallel_state.get_pipeline_model_parallel_group()
         self.tp_mesh = None  # the checkpoints' view of the tensor-parallel group
         if cfg.tensor_parallel_size > 1:
             from torch.distributed.device_mesh import init_device_mesh
 
-            self.tp_mesh = init_device_mesh(self.device.type, (cfg.data_parallel_size, cfg.tensor_parallel_size),
-                                            mesh_dim_names=("dp", "tp"))["tp"]
+            shape = (cfg.pipeline_parallel_size, cfg.data_parallel_size, cfg.tensor_parallel_size)
+            self.tp_mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=("pp", "dp", "tp"))["tp"]
         self.rank = dist.get_rank()
         torch.manual_seed(seed)
         self.model = build_megatron_model(model_path, cfg, self.device, seed=seed)
+        self.pipeline = None
+        if cfg.pipeline_parallel_size > 1:
+            self.pipeline = PipelineSchedule(self.model.stage, self.pp_group, self.device)
+        self.hf_shapes = self._whole_model_hf_shapes()
         self.hf_config = self.model.config
         self.model_class = _hf_causal_lm_class(self.hf_config)
         self.score_head = None
@@ -127,11 +165,11 @@ class MegatronWorker(DTensorWorker):
 
     # Weights in HF names (refit, export).
     def weight_buckets(self, bucket_bytes: int) -> list[list[str]]:
-        """Called on rank 0 alone: sizes come from shapes, without gathering."""
+        """Called on rank 0 alone: sizes come from shapes (of every stage, gathered at start)."""
         buckets: list[list[str]] = [[]]
         size = 0
-        for name, tensor in self.model.hf_shapes().items():
-            nbytes = tensor.numel() * tensor.element_size()
+        for name, (shape, dtype) in self.hf_shapes.items():
+            nbytes = torch.Size(shape).numel() * dtype.itemsize
             if buckets[-1] and size + nbytes > bucket_bytes:
                 buckets.append([])
                 size = 0
@@ -140,11 +178,16 @@ class MegatronWorker(DTensorWorker):
         return buckets
 
     def gather_weights(self, names: list[str]) -> dict[str, torch.Tensor] | None:
-        """Full HF tensors of ``names`` on rank 0 (others: None); every rank must call it (TP gathers)."""
-        if self.rank != 0 and self.cfg.tensor_parallel_size == 1:
+        """Full HF tensors of ``names`` on rank 0 (others: None); every rank must call it (TP gathers
+        within each stage, then the stages' tensors to rank 0)."""
+        if self.dp_rank != 0:  # data-parallel replicas hold the same weights as replica 0
             return None
-        state = self.model.hf_state_dict(names)
-        return {name: state[name].detach().cpu().clone() for name in names} if self.rank == 0 else None
+        ours = [name for name in names if name in self.stage_hf_names]
+        state = self.model.hf_state_dict(ours) if ours else {}
+        if self.tp_rank != 0:
+            return None
+        tensors = self._stages_to_rank0({name: state[name].detach().cpu().clone() for name in ours})
+        return {name: tensors[name] for name in names} if self.rank == 0 else None
 
     def save_adapter(self, path: str) -> None:
         """PEFT-format adapter (adapter_model.safetensors + adapter_config.json), written by rank 0;
@@ -152,6 +195,8 @@ class MegatronWorker(DTensorWorker):
         if self.cfg.lora is None:
             raise ValueError("save_adapter() needs a LoRA config (policy.training.lora)")
         adapters = self.model.hf_adapter_state_dict()  # a tensor-parallel gather: every rank calls it
+        if self.dp_rank == 0 and self.tp_rank == 0:
+            adapters = self._stages_to_rank0({k: v.detach().cpu() for k, v in adapters.items()})
         if self.rank == 0:
             write_adapter(path, {k: v.detach().cpu() for k, v in adapters.items()},
                           adapter_config(self.cfg.lora, self.model_path, self.cfg.task))
@@ -176,32 +221,78 @@ class MegatronWorker(DTensorWorker):
         tensors = load_file(str(Path(path) / "adapter_model.safetensors"))
         self.model.load_hf_state_dict({k.removeprefix("base_model.model."): v for k, v in tensors.items()})
 
-    def _reduce_gradients(self) -> None:
-        """Sum each gradient over the data-parallel ranks (Megatron's TP layers already did the
-        tensor-parallel reductions inside backward)."""
-        if dist.get_world_size(self.dp_group) == 1:
+    # Pipeline parallel: the DTensor worker's operations run their micro-batches through here.
+    def _run_micro_batches(self, model, mbs, on_outputs, *, backward: bool, **output_kwargs) -> None:
+        """With pipeline stages: megatron-core's 1F1B schedule (``megatron/pipeline.py``);
+        ``on_outputs`` runs on the last stage only."""
+        if self.pipeline is None:
+            super()._run_micro_batches(model, mbs, on_outputs, backward=backward, **output_kwargs)
             return
-        for param in self.trainable:
-            if param.grad is not None:
-                dist.all_reduce(param.grad, group=self.dp_group)
+        self.pipeline.run(model, mbs, lambda mb: on_outputs(mb, self._outputs(model, mb, **output_kwargs)),
+                          forward_only=not backward)
+
+    def _from_last_stage(self, value):
+        return value if self.pipeline is None else self.pipeline.from_last_stage(value)
+
+    def _sum_over_dp(self, local: dict[str, float]) -> dict[str, float]:
+        """Metrics summed over the data-parallel ranks, from the last stage (where the loss ran)."""
+        return self._from_last_stage(super()._sum_over_dp(local))
+
+    def _reduce_gradients(self) -> None:
+        grads.reduce_gradients(self.model, self.trainable, self.dp_group)
 
     def _clip_gradients(self) -> float:
-        if self.cfg.tensor_parallel_size == 1:
+        if self.cfg.tensor_parallel_size == 1 and self.pipeline is None:
             return clip_grad_norm(self.trainable, self.cfg.max_grad_norm)
-        return clip_tensor_parallel_grad_norm(self.model, self.cfg.max_grad_norm, self.tp_group)
+        return grads.clip_grad_norm(self.model, self.cfg.max_grad_norm, self.tp_group, self.pp_group)
 
     def _checkpoint_state(self) -> dict:
-        """Model tensors under HF names (the rl-checkpoint contract; gathered to full with TP > 1):
-        with LoRA the base weights unmerged plus the adapters under PEFT names, which rl-checkpoint
-        merges on conversion; optimizer under Megatron FQNs, tensor-parallel shards as DTensors (see
-        ``tp_shards``)."""
-        optimizer = get_optimizer_state_dict(self.model, self.optimizers)
+        """Model tensors of this stage under HF names (the rl-checkpoint contract; gathered to full with
+        TP > 1): with LoRA the base weights unmerged plus the adapters under PEFT names, which
+        rl-checkpoint merges on conversion. Optimizer state flattened, under the Megatron FQNs of the
+        whole model (``stages.PipelineStage.to_global``), tensor-parallel shards as DTensors (see
+        ``tp_shards``): a checkpoint loads at any tensor and pipeline size."""
+        optimizer = get_optimizer_state_dict(self.model, self.optimizers, options=_FLAT_OPTIMIZER)
+        optimizer = {self._optimizer_key(k, self.model.stage.to_global): v for k, v in optimizer.items()}
         return {"model": self.model.hf_state_dict(merged=False) | self.model.hf_adapter_state_dict(),
                 "optimizer": tp_shards.optimizer_state_to_global(optimizer, self.tp_mesh)}
 
     def _restore_checkpoint_state(self, state: dict) -> None:
         self.model.load_hf_state_dict(state["model"])
-        set_optimizer_state_dict(self.model, self.optimizers, tp_shards.optimizer_state_to_local(state["optimizer"]))
+        optimizer = tp_shards.optimizer_state_to_local(state["optimizer"])
+        optimizer = {self._optimizer_key(k, self.model.stage.to_local): v for k, v in optimizer.items()}
+        set_optimizer_state_dict(self.model, self.optimizers, optimizer, options=_FLAT_OPTIMIZER)
+
+    @staticmethod
+    def _optimizer_key(key: str, rename) -> str:
+        """``state.gpt.<name>.<entry>`` / ``param_groups.gpt.<name>.<entry>`` with ``<name>`` renamed."""
+        section, fqn = key.split(".", 1)
+        fqn, entry = fqn.rsplit(".", 1)
+        return f"{section}.gpt.{rename(fqn.removeprefix('gpt.'))}.{entry}"
+
+    def _whole_model_hf_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """HF name -> (full shape, dtype) of the whole model (every stage's, gathered once at start);
+        ``stage_hf_names``: the names this stage sends for refit and export."""
+        ours = {name: (tuple(t.shape), t.dtype) for name, t in self.model.hf_shapes().items()}
+        self.stage_hf_names = set(ours)
+        if self.model.stage.holds_tied_copy:
+            self.stage_hf_names.discard("model.embed_tokens.weight")  # the first stage sends it
+        if self.pipeline is None:
+            return ours
+        parts: list[dict] = [{} for _ in range(self.cfg.pipeline_parallel_size)]
+        dist.all_gather_object(parts, ours, group=self.pp_group)
+        return {name: value for part in parts for name, value in part.items()}
+
+    def _stages_to_rank0(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every stage's ``tensors`` merged on rank 0 (others get their own back). Called by the ranks
+        of rank 0's pipeline group (data- and tensor-parallel rank 0 of every stage)."""
+        if self.pipeline is None:
+            return tensors
+        parts: list[dict] | None = [{} for _ in range(self.cfg.pipeline_parallel_size)] if self.rank == 0 else None
+        dist.gather_object(tensors, parts, dst=0, group=self.pp_group)
+        if self.rank != 0:
+            return tensors
+        return {name: tensor for part in parts for name, tensor in part.items()}
 
     @contextlib.contextmanager
     def _reference_weights(self, reference: bool):
@@ -213,30 +304,6 @@ class MegatronWorker(DTensorWorker):
         self.model.eval()
         with lora.adapters_disabled(self.model) as model:
             yield model
-
-
-def clip_tensor_parallel_grad_norm(model: MegatronCausalLM, max_norm: float | None, tp_group) -> float:
-    """Global L2 norm of the full model's gradient: the squares of tensor-parallel shards are summed
-    over the group, replicated parameters (norms; same gradient on every TP rank) counted once."""
-    sharded = torch.zeros((), dtype=torch.float64)
-    replicated = torch.zeros((), dtype=torch.float64)
-    grads = []
-    for name, param in model.gpt.named_parameters():
-        if param.grad is None:
-            continue
-        grads.append(param.grad)
-        sq = param.grad.detach().double().pow(2).sum().cpu()
-        if tp_shards.shard_dim(name) is None:
-            replicated += sq
-        else:
-            sharded += sq
-    dist.all_reduce(sharded, group=tp_group)
-    total = float((sharded + replicated).sqrt())
-    if max_norm is not None and total > max_norm:
-        coef = max_norm / (total + 1e-6)
-        for g in grads:
-            g.mul_(coef)
-    return total
 
 
 def _hf_causal_lm_class(config) -> type:

@@ -1,0 +1,67 @@
+"""Gradients of the Megatron backend after backward: sums over data parallel and over the two copies
+of tied embeddings, and the global norm over tensor-parallel shards and pipeline stages.
+
+Megatron's TP layers already did the tensor-parallel reductions inside backward. (Megatron's own
+``finalize_model_grads`` does the same sums on its DDP wrapper's ``main_grad`` buffers; this backend
+trains plain parameters, so it sums ``.grad`` itself.)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from rl_backends_train.megatron import tp_shards
+from rl_backends_train.megatron.model import MegatronCausalLM
+
+
+def reduce_gradients(model: MegatronCausalLM, trainable: list[torch.nn.Parameter], dp_group) -> None:
+    """Sum each gradient over the data-parallel ranks; with tied embeddings split over pipeline
+    stages, sum the gradients of the first stage's embedding and the last stage's copy over
+    Megatron's embedding group, so both copies take the same step (as one shared tensor would)."""
+    if dist.get_world_size(dp_group) > 1:
+        for param in trainable:
+            if param.grad is not None:
+                dist.all_reduce(param.grad, group=dp_group)
+    stage = model.stage
+    if stage.tied_embeddings and stage.size > 1 and (stage.first or stage.last):
+        from megatron.core import parallel_state
+
+        weight = model.gpt.embedding.word_embeddings.weight if stage.first else model.gpt.output_layer.weight
+        if weight.requires_grad:  # frozen under LoRA, on both stages alike
+            if weight.grad is None:
+                weight.grad = torch.zeros_like(weight)
+            dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+
+
+def clip_grad_norm(model: MegatronCausalLM, max_norm: float | None, tp_group, pp_group) -> float:
+    """Global L2 norm of the whole model's gradient, clipped to ``max_norm``: squares of
+    tensor-parallel shards are summed over the TP group, replicated parameters (norms; the same
+    gradient on every TP rank) counted once, the stages' sums added over the pipeline group, and the
+    last stage's copy of tied embeddings left out (the first stage counts that tensor)."""
+    device = next(model.parameters()).device
+    sharded = torch.zeros((), dtype=torch.float64, device=device)
+    replicated = torch.zeros((), dtype=torch.float64, device=device)
+    grads = []
+    for name, param in model.gpt.named_parameters():
+        if param.grad is None:
+            continue
+        grads.append(param.grad)
+        if model.stage.holds_tied_copy and name == "output_layer.weight":
+            continue
+        sq = param.grad.detach().double().pow(2).sum()
+        if tp_shards.shard_dim(name) is None:
+            replicated += sq
+        else:
+            sharded += sq
+    if dist.get_world_size(tp_group) > 1:
+        dist.all_reduce(sharded, group=tp_group)
+    total_sq = sharded + replicated
+    if dist.get_world_size(pp_group) > 1:
+        dist.all_reduce(total_sq, group=pp_group)
+    total = float(total_sq.sqrt())
+    if max_norm is not None and total > max_norm:
+        coef = max_norm / (total + 1e-6)
+        for g in grads:
+            g.mul_(coef)
+    return total
