@@ -123,11 +123,13 @@ def prompt_lengths(batch: Batch) -> torch.Tensor:
     return first
 
 
-def _prompt_keys(batch: Batch) -> list[tuple[int, bytes] | None]:
-    """A hashable key per row for its prompt (None: nothing to share, the prompt is empty)."""
+def _prompt_keys(batch: Batch, prompts: list[int] | None = None) -> list[tuple[int, bytes] | None]:
+    """A hashable key per row for its prompt (None: nothing to share, the prompt is empty).
+
+    ``prompts``: the rows' prompt lengths when the caller already has them."""
     ids = batch["input_ids"]
-    return [(p, ids[i, :p].numpy().tobytes()) if p > 0 else None
-            for i, p in enumerate(prompt_lengths(batch).tolist())]
+    prompts = prompt_lengths(batch).tolist() if prompts is None else prompts
+    return [(p, ids[i, :p].numpy().tobytes()) if p > 0 else None for i, p in enumerate(prompts)]
 
 
 def shared_prompt_bins(batch: Batch, lengths: torch.Tensor, size: int, budget: int) -> list[list[int]]:
@@ -136,8 +138,8 @@ def shared_prompt_bins(batch: Batch, lengths: torch.Tensor, size: int, budget: i
     Groups whose rows share one prompt are chunked so that the prompt plus their answers fits the
     budget (a chunk holds at least one group), then the chunks are placed first-fit-decreasing by
     the tokens they pack to."""
-    keys = _prompt_keys(batch)
     prompts = prompt_lengths(batch).tolist()
+    keys = _prompt_keys(batch, prompts)
     lengths = lengths.tolist()
     by_prompt: dict[object, list[int]] = {}
     for g in range(len(lengths) // size):

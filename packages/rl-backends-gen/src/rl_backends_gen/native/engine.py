@@ -110,6 +110,7 @@ class NativeEngine:
                              self.dtype, self.device)
         self.stats = EngineStats()
         self.asleep = False
+        self._logits_buffer = self._work_buffer = None  # [max_batch_size, V] float32, made on first use
 
     # ----------------------------------------------------------------------------------------- API
 
@@ -132,6 +133,7 @@ class NativeEngine:
         """Free the KV cache; on CUDA also move the weights to CPU memory."""
         self._check_alive()
         self.cache.free()
+        self._logits_buffer = self._work_buffer = None
         if self.device.type == "cuda":
             self.model.to("cpu")
             torch.cuda.empty_cache()
@@ -147,6 +149,7 @@ class NativeEngine:
 
     def shutdown(self) -> None:
         self.cache.free()
+        self._logits_buffer = self._work_buffer = None
         self.model = self.decoder = self.head = None
 
     # ------------------------------------------------------------------------------------ helpers
@@ -173,8 +176,16 @@ class NativeEngine:
         return out.last_hidden_state
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[B, hidden] -> [B, V]`` float32 logits."""
-        return self.head(hidden).float()
+        """``[B, hidden] -> [B, V]`` float32 logits, written into a buffer reused by every step (fresh
+        [B, V] memory each step costs page faults comparable to the sampling work itself)."""
+        if self._logits_buffer is None:
+            shape = (self.max_batch_size, self.head.weight.shape[0])
+            self._logits_buffer = torch.empty(shape, dtype=torch.float32, device=self.device)
+            self._work_buffer = torch.empty_like(self._logits_buffer)
+        out = self._logits_buffer[: hidden.shape[0]]
+        if self.dtype == torch.float32 and type(self.head) is torch.nn.Linear and self.head.bias is None:
+            return torch.mm(hidden, self.head.weight.t(), out=out)
+        return out.copy_(self.head(hidden))
 
 
 class _GenerateCall:
@@ -302,7 +313,7 @@ class _GenerateCall:
     def _sample_and_record(self, slots: torch.Tensor, logits: torch.Tensor) -> None:
         rows = self.rows
         uniforms = rows.uniforms[slots, rows.num_generated[slots]]
-        tokens, logprobs = sample_tokens(logits, self.sampling, uniforms)
+        tokens, logprobs = sample_tokens(logits, self.sampling, uniforms, self.engine._work_buffer)
         rows.record(slots, tokens, logprobs)
         self.engine.stats.generated_tokens += slots.shape[0]
 

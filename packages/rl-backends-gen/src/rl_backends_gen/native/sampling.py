@@ -47,42 +47,84 @@ def draw_uniforms(seed: int, count: int) -> torch.Tensor:
     return torch.rand(count, generator=generator, dtype=torch.float64)
 
 
-def sample_tokens(logits: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+BLOCK = 256  # vocabulary block of the two-level inverse-CDF search
+
+
+def sample_tokens(logits: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor,
+                  work: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row and return ``(tokens [R], logprobs [R])``.
 
     ``logits``: [R, V] float32 raw logits. ``uniforms``: [R] numbers in [0, 1) (unused when greedy).
+    ``work``: an optional float32 buffer of at least [R, V] that receives the unnormalised
+    probabilities (an engine passes the same one every step: no fresh [R, V] memory per token).
+    The logprob is ``scaled[token] - logsumexp(scaled)`` with ``scaled = logits / T``: the value of
+    ``log_softmax(scaled)`` at the token, without materialising the [R, V] log-probabilities.
     """
     if sampling.greedy:
-        logprobs = torch.log_softmax(logits, dim=-1)
         tokens = logits.argmax(dim=-1)
-        return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
-    logprobs = torch.log_softmax(logits / sampling.temperature, dim=-1)  # [R, V], the reported convention
-    tokens = _draw(logprobs, sampling, uniforms)
-    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+        return tokens, _token_logprobs(logits, tokens, torch.logsumexp(logits, dim=-1))
+    scaled = logits if sampling.temperature == 1.0 else logits / sampling.temperature
+    top = scaled.amax(dim=-1, keepdim=True)  # [R, 1]
+    out = work[: logits.shape[0], : logits.shape[1]] if work is not None else None
+    weights = torch.sub(scaled, top, out=out).exp_()  # [R, V] unnormalised probabilities, the largest is 1
+    log_total = weights.sum(dim=-1).log_() + top.squeeze(1)  # logsumexp(scaled)
+    tokens = _draw(weights, sampling, uniforms)
+    return tokens, _token_logprobs(scaled, tokens, log_total)
 
 
-def _draw(logprobs: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw from the masked distribution (order: top-k, then top-p, then min-p, as in HF)."""
-    probs = logprobs.exp()  # [R, V]
-    vocab = probs.shape[-1]
+def _token_logprobs(scaled: torch.Tensor, tokens: torch.Tensor, log_total: torch.Tensor) -> torch.Tensor:
+    return scaled.gather(1, tokens[:, None]).squeeze(1) - log_total
+
+
+def _draw(weights: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw from the masked distribution (order: top-k, then top-p, then min-p, as in HF).
+
+    ``weights`` [R, V]: non-negative, proportional to the probabilities (need not sum to 1).
+    """
+    vocab = weights.shape[-1]
     candidate_ids = None  # None: candidates are the whole vocabulary in its own order
     if 0 < sampling.top_k < vocab:
-        probs, candidate_ids = probs.topk(sampling.top_k, dim=-1)  # [R, k], sorted descending
+        weights, candidate_ids = weights.topk(sampling.top_k, dim=-1)  # [R, k], sorted descending
     elif sampling.top_p < 1.0:
-        probs, candidate_ids = probs.sort(dim=-1, descending=True)
+        weights, candidate_ids = weights.sort(dim=-1, descending=True)
     if sampling.top_p < 1.0:
-        renormalised = probs / probs.sum(dim=-1, keepdim=True)
+        renormalised = weights / weights.sum(dim=-1, keepdim=True)
         mass_before = renormalised.cumsum(dim=-1) - renormalised  # exclusive prefix sum, descending order
-        probs = probs.masked_fill(mass_before >= sampling.top_p, 0.0)  # the top token always survives
+        weights = weights.masked_fill(mass_before >= sampling.top_p, 0.0)  # the top token always survives
     if sampling.min_p > 0.0:
-        max_prob = probs.amax(dim=-1, keepdim=True)
-        probs = probs.masked_fill(probs < sampling.min_p * max_prob, 0.0)
-    cdf = probs.cumsum(dim=-1)  # [R, C], unnormalised
-    total = cdf[:, -1:]
-    target = uniforms.to(cdf.dtype)[:, None] * total
-    # Keep the target strictly below the total so the pick is always a token with non-zero mass.
-    target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
-    picked = torch.searchsorted(cdf, target, right=True).squeeze(1)  # [R]
+        max_weight = weights.amax(dim=-1, keepdim=True)
+        weights = weights.masked_fill(weights < sampling.min_p * max_weight, 0.0)
+    picked = inverse_cdf(weights, uniforms)
     if candidate_ids is None:
         return picked
     return candidate_ids.gather(1, picked[:, None]).squeeze(1)
+
+
+def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row, the first index whose cumulative weight exceeds ``uniform x total`` ([R, C] -> [R]).
+
+    Two levels, so no [R, C] prefix sum is built: block sums pick the block holding the target, then
+    a prefix sum inside that one block picks the token. The pick always has non-zero weight.
+    """
+    rows, size = weights.shape
+    if size <= 4 * BLOCK:
+        return _search(weights, uniforms.to(weights.dtype)[:, None] * weights.sum(dim=-1, keepdim=True))
+    full = size // BLOCK
+    block_sums = weights[:, : full * BLOCK].reshape(rows, full, BLOCK).sum(dim=-1)  # [R, full]
+    if size > full * BLOCK:
+        block_sums = torch.cat([block_sums, weights[:, full * BLOCK :].sum(dim=-1, keepdim=True)], dim=1)
+    target = uniforms.to(weights.dtype)[:, None] * block_sums.sum(dim=-1, keepdim=True)  # [R, 1]
+    block = _search(block_sums, target)[:, None]  # [R, 1], a block with non-zero weight
+    before = block_sums.cumsum(dim=-1).gather(1, block) - block_sums.gather(1, block)  # mass of earlier blocks
+    columns = block * BLOCK + torch.arange(BLOCK, device=weights.device)  # [R, BLOCK]
+    inside = columns < size
+    in_block = weights.gather(1, columns.clamp(max=size - 1)) * inside  # the last block may be short
+    return columns.gather(1, _search(in_block, target - before)[:, None]).squeeze(1)
+
+
+def _search(weights: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """First index with ``cumsum(weights) > target`` per row, ``target`` [R, 1] kept inside [0, total)."""
+    cdf = weights.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    target = torch.minimum(target.clamp(min=0.0), torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)
