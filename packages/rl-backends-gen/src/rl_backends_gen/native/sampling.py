@@ -54,26 +54,27 @@ def sample_tokens(logits: torch.Tensor, sampling: SamplingParams, uniforms: torc
                   work: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row and return ``(tokens [R], logprobs [R])``.
 
-    ``logits``: [R, V] float32 raw logits. ``uniforms``: [R] numbers in [0, 1) (unused when greedy).
-    ``work``: an optional float32 buffer of at least [R, V] that receives the unnormalised
-    probabilities (an engine passes the same one every step: no fresh [R, V] memory per token).
-    The logprob is ``scaled[token] - logsumexp(scaled)`` with ``scaled = logits / T``: the value of
-    ``log_softmax(scaled)`` at the token, without materialising the [R, V] log-probabilities.
+    ``logits``: [R, V] float32 raw logits (left unchanged). ``uniforms``: [R] numbers in [0, 1)
+    (unused when greedy). ``work``: an optional float32 buffer of at least [R, V] that receives the
+    unnormalised probabilities (an engine passes the same one every step: no fresh [R, V] memory per
+    token). The logprob is ``logits[token] / T - logsumexp(logits / T)``: the value of
+    ``log_softmax(logits / T)`` at the token (T = 1 when greedy), without building the [R, V]
+    log-probabilities.
     """
-    if sampling.greedy:
-        tokens = logits.argmax(dim=-1)
-        return tokens, _token_logprobs(logits, tokens, torch.logsumexp(logits, dim=-1))
-    scaled = logits if sampling.temperature == 1.0 else logits / sampling.temperature
-    top = scaled.amax(dim=-1, keepdim=True)  # [R, 1]
+    temperature = 1.0 if sampling.greedy else sampling.temperature
     out = work[: logits.shape[0], : logits.shape[1]] if work is not None else None
-    weights = torch.sub(scaled, top, out=out).exp_()  # [R, V] unnormalised probabilities, the largest is 1
-    log_total = weights.sum(dim=-1).log_() + top.squeeze(1)  # logsumexp(scaled)
-    tokens = _draw(weights, sampling, uniforms)
-    return tokens, _token_logprobs(scaled, tokens, log_total)
-
-
-def _token_logprobs(scaled: torch.Tensor, tokens: torch.Tensor, log_total: torch.Tensor) -> torch.Tensor:
-    return scaled.gather(1, tokens[:, None]).squeeze(1) - log_total
+    if temperature == 1.0:
+        top = logits.amax(dim=-1, keepdim=True)  # [R, 1]
+        weights = torch.sub(logits, top, out=out)
+    else:
+        weights = torch.div(logits, temperature, out=out)
+        top = weights.amax(dim=-1, keepdim=True)
+        weights.sub_(top)
+    weights.exp_()  # [R, V] unnormalised probabilities, the largest is exactly 1
+    log_total = weights.sum(dim=-1).log_() + top.squeeze(1)  # logsumexp(logits / T)
+    tokens = logits.argmax(dim=-1) if sampling.greedy else _draw(weights, sampling, uniforms)
+    picked = logits.gather(1, tokens[:, None]).squeeze(1)
+    return tokens, (picked if temperature == 1.0 else picked / temperature) - log_total
 
 
 def _draw(weights: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor) -> torch.Tensor:
