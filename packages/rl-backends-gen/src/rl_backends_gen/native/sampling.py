@@ -108,24 +108,27 @@ def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     a prefix sum inside that one block picks the token. The pick always has non-zero weight.
     """
     rows, size = weights.shape
+    uniforms = uniforms.to(weights.dtype)[:, None]
     if size <= 4 * BLOCK:
-        return _search(weights, uniforms.to(weights.dtype)[:, None] * weights.sum(dim=-1, keepdim=True))
+        cdf = weights.cumsum(dim=-1)
+        return _search(cdf, uniforms * cdf[:, -1:]).squeeze(1)
     full = size // BLOCK
     block_sums = weights[:, : full * BLOCK].reshape(rows, full, BLOCK).sum(dim=-1)  # [R, full]
     if size > full * BLOCK:
         block_sums = torch.cat([block_sums, weights[:, full * BLOCK :].sum(dim=-1, keepdim=True)], dim=1)
-    target = uniforms.to(weights.dtype)[:, None] * block_sums.sum(dim=-1, keepdim=True)  # [R, 1]
-    block = _search(block_sums, target)[:, None]  # [R, 1], a block with non-zero weight
-    before = block_sums.cumsum(dim=-1).gather(1, block) - block_sums.gather(1, block)  # mass of earlier blocks
+    block_cdf = block_sums.cumsum(dim=-1)
+    target = uniforms * block_cdf[:, -1:]  # [R, 1]
+    block = _search(block_cdf, target)  # [R, 1], a block with non-zero weight
+    before = block_cdf.gather(1, block) - block_sums.gather(1, block)  # mass of the earlier blocks
     columns = block * BLOCK + torch.arange(BLOCK, device=weights.device)  # [R, BLOCK]
     inside = columns < size
     in_block = weights.gather(1, columns.clamp(max=size - 1)) * inside  # the last block may be short
-    return columns.gather(1, _search(in_block, target - before)[:, None]).squeeze(1)
+    return columns.gather(1, _search(in_block.cumsum(dim=-1), target - before)).squeeze(1)
 
 
-def _search(weights: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """First index with ``cumsum(weights) > target`` per row, ``target`` [R, 1] kept inside [0, total)."""
-    cdf = weights.cumsum(dim=-1)
+def _search(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """[R, 1]: first index with ``cdf > target`` per row (``cdf``: inclusive prefix sums), the target
+    kept inside [0, total) so the index always lands on a step of non-zero weight."""
     total = cdf[:, -1:]
     target = torch.minimum(target.clamp(min=0.0), torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return torch.searchsorted(cdf, target, right=True)
