@@ -3,11 +3,12 @@ mapping, steps, packing, checkpoints, data and tensor parallel (gloo), activatio
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import pytest
 import torch
-from backend_testlib import MaskedNLL, make_batch
+from backend_testlib import MaskedNLL, make_batch, make_grouped_batch
 from safetensors.torch import load_file
 
 from rl_backends_train import TrainBackendConfig, build_training_backend
@@ -64,11 +65,70 @@ def test_megatron_matches_dtensor(family, tiny_model_dir, tiny_qwen2_dir, skewed
         torch.testing.assert_close(weights_b[name], weights_a[name], rtol=0, atol=1e-6, msg=name)
 
 
-def test_megatron_refuses_shared_prompt_packing():
-    """megatron-core's RoPE follows the packed row, not position_ids: shared prompts would be wrong."""
-    packing = {"enabled": True, "share_prompts": True}
-    with pytest.raises(ValueError, match="share_prompts is not supported by backend=megatron"):
-        TrainBackendConfig(backend="megatron", packing=packing, **BASE)
+@contextlib.contextmanager
+def _single_rank_group():
+    """A one-rank gloo default group for building a GPTModel outside a worker."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("budget", [64, 1000])
+def test_megatron_shared_prompt_packing_equals_padded(tiny_model_dir, budget):
+    """Each prompt packed once for its answers, RoPE at the answers' own positions (which continue
+    the prompt's, not the packed row's): the same logprobs and step as padded rows, and as DTensor's
+    shared-prompt packing (budget 64 splits a group, 1000 packs every row into one)."""
+    pytest.importorskip("megatron.core")
+    batch = make_grouped_batch(VOCAB, [11, 6, 17], [[5, 9, 1, 7], [12, 3, 8, 2], [4, 6, 10, 5]], seed=5)
+    shared = {"packing": {"enabled": True, "share_prompts": True, "max_tokens_per_micro_batch": budget}}
+    results = {}
+    for name, cfg in {"padded": TrainBackendConfig(backend="megatron", **BASE),
+                      "shared": TrainBackendConfig(backend="megatron", **BASE, **shared),
+                      "dtensor": TrainBackendConfig(**BASE, **shared)}.items():
+        with build_training_backend(cfg, tiny_model_dir) as policy:
+            before = policy.logprobs(batch)
+            step = policy.train(batch, MaskedNLL())
+            results[name] = before, step, dict(policy.named_weights()), policy.logprobs(batch)
+    padded = results["padded"]
+    for name in ("shared", "dtensor"):
+        before, step, weights, after = results[name]
+        torch.testing.assert_close(before, padded[0], rtol=0, atol=1e-5, msg=name)
+        assert step["num_valid_tokens"] == padded[1]["num_valid_tokens"] == 72
+        assert step["loss"] == pytest.approx(padded[1]["loss"], rel=1e-6)
+        assert step["grad_norm"] == pytest.approx(padded[1]["grad_norm"], rel=1e-5)
+        for key in padded[2]:
+            torch.testing.assert_close(weights[key], padded[2][key], rtol=0, atol=1e-6, msg=f"{name} {key}")
+        torch.testing.assert_close(after, padded[3], rtol=0, atol=1e-5, msg=name)
+
+
+def test_megatron_rope_follows_position_ids(tiny_model_dir):
+    """A row run with position ids offset by 7 scores as HF's model with the same position ids (the
+    offset changes nothing in exact math; it shows RoPE reads position_ids, not the row index)."""
+    pytest.importorskip("megatron.core")
+    from transformers import AutoModelForCausalLM
+
+    from rl_backends_train.megatron.worker import build_megatron_model, init_model_parallel
+
+    batch = make_batch(VOCAB, [13])
+    ids = batch["input_ids"]
+    positions = torch.arange(13)[None] + 7
+    segments = torch.ones(1, 1, 13, 13, dtype=torch.bool).tril()
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    with _single_rank_group():
+        init_model_parallel(1)
+        model = build_megatron_model(tiny_model_dir, TrainBackendConfig(backend="megatron", **BASE), torch.device("cpu"))
+        with torch.no_grad():
+            shifted = model(ids, attention_mask=segments, position_ids=positions).logits
+            plain = model(ids, attention_mask=segments).logits
+            expected = hf(input_ids=ids, position_ids=positions).logits
+        assert model.gpt.rotary_pos_emb.positions is None
+    torch.testing.assert_close(shifted, expected, rtol=0, atol=1e-5)
+    assert not torch.equal(shifted, plain)  # the positions did reach RoPE
+    torch.testing.assert_close(shifted, plain, rtol=0, atol=1e-4)  # ... which is relative
 
 
 def test_megatron_packing_checkpoint_and_export(tiny_model_dir, skewed_lengths, tmp_path):

@@ -1,14 +1,14 @@
 """Pipeline parallelism of the Megatron-core backend on CPU (gloo, megatron-core 0.16.1's 1F1B
 schedule): PP=2 against PP=1 (logprobs, top-k, steps with several micro-batches, weights in HF
 names), tied embeddings (a copy on the last stage; with recompute), checkpoints across pipeline
-sizes, the config errors; PP=4, TP=2 x PP=2 and DP=2 x PP=2 with packing, and LoRA. The four-rank
+sizes, the config errors, shared-prompt packing; PP=4, TP=2 x PP=2 and DP=2 x PP=2 with packing, and LoRA. The four-rank
 and LoRA cases are marked ``slow`` (Ray actor start-up dominates their time on 2 cores)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from backend_testlib import MaskedNLL, make_batch
+from backend_testlib import MaskedNLL, make_batch, make_grouped_batch
 from safetensors.torch import load_file
 
 from rl_backends_train import TrainBackendConfig, build_training_backend
@@ -128,6 +128,20 @@ def test_four_ranks_with_two_stages_and_packing(ray_session, tiny_tp_dir, batche
     with build_training_backend(megatron(**packing), tiny_tp_dir) as policy:
         one = two_steps(policy, batches)
     assert_same_run(four, one)
+
+
+def test_shared_prompt_packing_over_two_stages(ray_session, tiny_model_dir):
+    """GRPO-shaped batches packed with one copy of each prompt (several packed rows: several
+    micro-batches through the schedule): both stages build the same packed rows and the same
+    answer positions for RoPE; the run equals padded rows on one stage."""
+    groups = [[5, 9, 1, 7], [12, 3, 8, 2], [4, 6, 10, 5]]
+    grouped = tuple(make_grouped_batch(VOCAB, [11, 6, 17], groups, seed=s) for s in (5, 6))
+    shared = {"packing": {"enabled": True, "share_prompts": True, "max_tokens_per_micro_batch": 40}}
+    with build_training_backend(megatron(num_workers=2, pipeline_parallel_size=2, **shared), tiny_model_dir) as policy:
+        pp2 = two_steps(policy, grouped)
+    with build_training_backend(megatron(), tiny_model_dir) as policy:
+        pp1 = two_steps(policy, grouped)
+    assert_same_run(pp2, pp1)
 
 
 @pytest.mark.slow  # four Ray ranks

@@ -35,7 +35,7 @@ class PackingConfig(StrictModel):
     generations of one prompt) are packed with one copy of it: each answer attends to the shared
     prompt and to itself, so the prompt's forward and backward run once per group instead of once per
     row. The same function as the padded layout (equal within fp32 rounding). Needs ``enabled``; rows
-    without a ``loss_mask`` are packed whole. DTensor backend only. Keep the budget near one group's tokens: the packed
+    without a ``loss_mask`` are packed whole. Both backends. Keep the budget near one group's tokens: the packed
     row's attention is computed densely, masked."""
 
     @model_validator(mode="after")
@@ -161,11 +161,6 @@ class TrainBackendConfig(StrictModel):
                              "tensor_parallel_size > 1; set tensor_parallel_size (e.g. 2) or sequence_parallel=False")
         if self.packing.enabled and self.dynamic_batching.enabled:
             raise ValueError("packing and dynamic_batching are alternatives: enable at most one")
-        if self.packing.share_prompts and self.backend == "megatron":
-            raise ValueError("packing.share_prompts is not supported by backend=megatron: megatron-core's RoPE "
-                             "follows the packed row's positions, not position_ids, so an answer packed after "
-                             "another would see its prompt at the wrong distance; use backend=dtensor or "
-                             "packing.share_prompts=false")
         if self.lora is not None and self.tensor_parallel_size > 1 and self.backend == "dtensor":
             raise ValueError("lora with tensor_parallel_size > 1 is not supported by backend=dtensor: set "
                              "tensor_parallel_size=1, or backend=megatron (LoRA on tensor-parallel layers)")

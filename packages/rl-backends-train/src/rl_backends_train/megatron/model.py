@@ -13,6 +13,11 @@ With LoRA (``megatron/lora.py``) the adapters live inside the GPTModel's linears
 folds them into the HF weights unless ``merged=False``, ``hf_adapter_state_dict`` gives them alone
 under PEFT names, and ``load_hf_state_dict`` takes base and adapter tensors together.
 
+RoPE follows ``position_ids`` when they are given (packed rows): megatron-core rotates by the
+position in the row, which for a plain packed row gives the same attention scores (RoPE is
+relative, and every sequence is contiguous), but not for shared-prompt packing, where an answer
+continues its prompt's positions after other answers (``PositionedRotary``).
+
 With pipeline parallelism (``megatron/stages.py``) each rank builds its stage's part of the GPTModel
 (``pre_process`` on the first stage, ``post_process`` on the last); a stage that is not the last
 returns its hidden states ``[t, b, hidden]`` (the input of the next stage, which Megatron's schedule
@@ -135,6 +140,7 @@ class MegatronCausalLM(nn.Module):
             share_embeddings_and_output_weights=tied and pp_size == 1,
         )
         self.stage = stages.stage_of(self.gpt, pp_rank, pp_size, tied)
+        self.gpt.rotary_pos_emb = PositionedRotary(self.gpt.rotary_pos_emb)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, logits_to_keep: int = 0) -> SimpleNamespace:
@@ -148,9 +154,15 @@ class MegatronCausalLM(nn.Module):
         else:
             # Right padding: the causal mask alone keeps real tokens from seeing padding.
             masked_out = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).triu(1)[None, None]
+        rotary = self.gpt.rotary_pos_emb
         if position_ids is None:
             position_ids = torch.arange(t, device=input_ids.device)[None].expand(b, -1)
-        out = self.gpt(input_ids, position_ids, masked_out.expand(b, 1, t, t))
+        else:
+            rotary.positions = position_ids
+        try:
+            out = self.gpt(input_ids, position_ids, masked_out.expand(b, 1, t, t))
+        finally:
+            rotary.positions = None
         if not self.stage.last:
             return SimpleNamespace(hidden_states=out)  # [t, b, hidden]
         logits = out  # [b, t, V / tp]
@@ -240,6 +252,31 @@ class MegatronCausalLM(nn.Module):
 
     def _gather_adapters(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {lora.hf_adapter_name(k): tp_shards.gather_full(k, v, self.tp_group) for k, v in local.items()}
+
+
+class PositionedRotary(nn.Module):
+    """megatron-core's RotaryEmbedding at given positions: while ``positions`` [b, t] is set, the
+    GPTModel's call (``rotary(seq_len, ...)``, positions 0 .. t-1 of every row) returns the
+    frequencies of ``positions`` instead, ``[t, b, 1, dim]`` (Megatron's ``[t, 1, 1, dim]`` broadcast
+    over rows; the unfused RoPE this backend configures multiplies them elementwise with
+    ``[t, b, heads, dim]`` queries and keys). Applied inside the attention of every layer and every
+    pipeline stage (each stage's GPTModel computes its own)."""
+
+    def __init__(self, rotary: nn.Module) -> None:
+        super().__init__()
+        self.rotary = rotary
+        self.positions: torch.Tensor | None = None
+
+    def get_rotary_seq_len(self, *args, **kwargs) -> int:
+        return self.rotary.get_rotary_seq_len(*args, **kwargs)
+
+    def forward(self, max_seq_len: int, *args, **kwargs) -> torch.Tensor:
+        if self.positions is None:
+            return self.rotary(max_seq_len, *args, **kwargs)
+        if self.positions.shape[1] != max_seq_len:
+            raise ValueError(f"position_ids cover {self.positions.shape[1]} positions, the model runs {max_seq_len}")
+        emb = self.rotary.get_emb(int(self.positions.max()) + 1)  # [max position + 1, 1, 1, dim]
+        return emb[self.positions.to(emb.device).t(), 0]  # [t, b, 1, dim]
 
 
 def _hf_sources(hf_names: list[str]) -> set[str]:

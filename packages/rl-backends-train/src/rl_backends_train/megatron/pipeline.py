@@ -81,10 +81,10 @@ class PipelineSchedule:
 
 def stage_inputs(mb: MicroBatch, device: torch.device) -> dict[str, torch.Tensor]:
     """The model inputs of ``mb`` as ``forward.run_model`` builds them (a packed micro-batch is one
-    ``[1, L]`` row with restarting positions and a block-diagonal mask); a stage that does not embed
+    ``[1, L]`` row with restarting positions and a block-diagonal mask, or shared prompts); a stage that does not embed
     still needs them for the shapes and the attention mask."""
     if mb.packed:
-        ids, position_ids, mask, _ = pack_rows(mb.batch)
+        ids, position_ids, mask, _ = pack_rows(mb.batch, share_prompts=mb.share_prompts)
         return {"input_ids": ids.to(device), "position_ids": position_ids.to(device), "attention_mask": mask.to(device)}
     return {"input_ids": mb.batch["input_ids"].to(device), "attention_mask": mb.batch["attention_mask"].to(device)}
 
