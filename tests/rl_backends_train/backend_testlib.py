@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -100,3 +101,43 @@ def make_grouped_batch(vocab: int, prompt_lengths: list[int], answer_lengths: li
         attention[i, :n] = 1
         loss_mask[i, len(prompt):n] = 1.0
     return {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
+
+
+# Runs of one backend layout against another (Megatron pipeline / context parallel tests).
+def two_steps(policy, batches, checkpoint=None) -> dict:
+    """Logprobs and top-k before, a step, weights and logprobs after, (a save,) a second step."""
+    batch, next_batch = batches
+    values, indices = policy.topk_logits(batch, 3)
+    scored = batch["attention_mask"].bool()
+    scored[:, 0] = False  # top-k of padding (all-zero logits) depends on the micro-batch plan
+    out = {"initial": dict(policy.named_weights()), "before": policy.logprobs(batch),
+           "topk": (values, torch.where(scored[..., None], indices, -1)), "step": policy.train(batch, MaskedNLL())}
+    out |= {"weights": dict(policy.named_weights()), "after": policy.logprobs(batch)}
+    if checkpoint is not None:
+        policy.save(checkpoint)
+    out |= {"next_step": policy.train(next_batch, MaskedNLL()), "next_weights": dict(policy.named_weights())}
+    return out
+
+
+def assert_same_step(actual: dict, expected: dict) -> None:
+    assert actual["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+    assert actual["nll"] == pytest.approx(expected["nll"], rel=1e-6)
+    assert actual["tokens"] == expected["tokens"]
+    assert actual["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+
+
+def assert_same_weights(actual: dict, expected: dict, atol: float = 1e-5) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=atol, msg=name)
+
+
+def assert_same_run(pp2: dict, pp1: dict) -> None:
+    torch.testing.assert_close(pp2["before"], pp1["before"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(pp2["topk"][0], pp1["topk"][0], rtol=0, atol=1e-5)
+    assert torch.equal(pp2["topk"][1], pp1["topk"][1])
+    assert_same_step(pp2["step"], pp1["step"])
+    assert_same_weights(pp2["weights"], pp1["weights"])
+    torch.testing.assert_close(pp2["after"], pp1["after"], rtol=0, atol=1e-5)
+    assert_same_step(pp2["next_step"], pp1["next_step"])
+    assert_same_weights(pp2["next_weights"], pp1["next_weights"])

@@ -85,7 +85,8 @@ class TrainBackendConfig(StrictModel):
     backend: Literal["dtensor", "megatron"] = "dtensor"
     """dtensor: PyTorch FSDP2 + tensor parallel (torch only). megatron: megatron-core (extra)."""
     num_workers: int = Field(1, gt=0)
-    """Ranks in the worker group: data parallel size x tensor_parallel_size x pipeline_parallel_size."""
+    """Ranks in the worker group: data parallel size x tensor_parallel_size x pipeline_parallel_size
+    x context_parallel_size."""
     tensor_parallel_size: int = Field(1, gt=0)
     """Ranks that split each layer's weights (Llama/Qwen2 plans). tensor x pipeline size must divide
     num_workers."""
@@ -95,9 +96,9 @@ class TrainBackendConfig(StrictModel):
     layer), run with megatron-core's 1F1B schedule over the micro-batches. num_hidden_layers must divide
     by it. backend=dtensor: 1 only (a larger value is a config error)."""
     context_parallel_size: int = Field(1, gt=0)
-    """1 only. Context parallelism (splitting long sequences over ranks) is megatron-core's
-    TEDotProductAttention feature; this backend builds the local (non-Transformer-Engine) layer spec,
-    whose attention refuses it (and TE does not run without CUDA)."""
+    """backend=megatron only: ranks that split every sequence's positions (two chunks of 1 / (2 x cp)
+    of the width each, balanced for causal attention); each attention layer all-gathers keys and
+    values over them (``megatron/context.py``). Activation memory / cp. backend=dtensor: 1 only."""
     expert_parallel_size: int = Field(1, gt=0)
     """1 only. Expert parallelism splits the experts of mixture-of-experts layers; both backends map
     dense Llama/Qwen2 models, which have no experts."""
@@ -135,23 +136,23 @@ class TrainBackendConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check_layout(self) -> TrainBackendConfig:
-        model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size
+        model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size * self.context_parallel_size
         if self.num_workers % model_parallel:
             raise ValueError(
                 f"tensor_parallel_size={self.tensor_parallel_size} x pipeline_parallel_size="
-                f"{self.pipeline_parallel_size} = {model_parallel} must divide num_workers={self.num_workers}"
+                f"{self.pipeline_parallel_size} x context_parallel_size={self.context_parallel_size} = "
+                f"{model_parallel} must divide num_workers={self.num_workers}"
             )
         if self.pipeline_parallel_size > 1 and self.backend == "dtensor":
             raise ValueError(
                 f"pipeline_parallel_size={self.pipeline_parallel_size} is not supported by backend=dtensor: set "
                 "backend=megatron (pipeline stages with megatron-core's schedule), or pipeline_parallel_size=1 "
                 "and split the model with tensor_parallel_size")
-        if self.context_parallel_size != 1:
+        if self.context_parallel_size > 1 and self.backend == "dtensor":
             raise ValueError(
-                f"context_parallel_size={self.context_parallel_size} is not supported: megatron-core implements "
-                "context parallelism only in Transformer Engine's attention, which this library does not build "
-                "(it uses the local layer spec, on CPU and GPU); shorten sequences, use activation_checkpointing, "
-                "or split the model with tensor_parallel_size / pipeline_parallel_size")
+                f"context_parallel_size={self.context_parallel_size} is not supported by backend=dtensor: set "
+                "backend=megatron (positions split over ranks, keys and values gathered per layer), or "
+                "context_parallel_size=1 and use activation_checkpointing / sequence_parallel for long sequences")
         if self.expert_parallel_size != 1:
             raise ValueError(
                 f"expert_parallel_size={self.expert_parallel_size} is not supported: the training backends map dense "
@@ -170,4 +171,4 @@ class TrainBackendConfig(StrictModel):
 
     @property
     def data_parallel_size(self) -> int:
-        return self.num_workers // (self.tensor_parallel_size * self.pipeline_parallel_size)
+        return self.num_workers // (self.tensor_parallel_size * self.pipeline_parallel_size * self.context_parallel_size)

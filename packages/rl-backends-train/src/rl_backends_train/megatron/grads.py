@@ -16,7 +16,7 @@ from rl_backends_train.megatron.model import MegatronCausalLM
 
 
 def reduce_gradients(model: MegatronCausalLM, trainable: list[torch.nn.Parameter], dp_group) -> None:
-    """Sum each gradient over the data-parallel ranks; with tied embeddings split over pipeline
+    """Sum each gradient over the data-parallel ranks (``dp_group``: data x context parallel); with tied embeddings split over pipeline
     stages, sum the gradients of the first stage's embedding and the last stage's copy over
     Megatron's embedding group, so both copies take the same step (as one shared tensor would)."""
     if dist.get_world_size(dp_group) > 1:

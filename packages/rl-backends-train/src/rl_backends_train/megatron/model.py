@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rl_backends_train.megatron import lora, stages, tp_shards
+from rl_backends_train.megatron import context, lora, stages, tp_shards
 
 _FAMILIES = ("llama", "qwen2")
 
@@ -45,7 +45,7 @@ def rope_theta(config) -> float:
 
 
 def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-                       recompute: bool = False):
+                       context_parallel_size: int = 1, recompute: bool = False):
     """megatron-core TransformerConfig equal to the HF model (RMSNorm, SwiGLU, RoPE, GQA).
 
     ``recompute``: Megatron's full recompute of every decoder layer in backward (``uniform``, one
@@ -76,6 +76,7 @@ def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: i
         }
     return TransformerConfig(
         tensor_model_parallel_size=tensor_parallel_size,
+        context_parallel_size=context_parallel_size,
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
         num_attention_heads=heads,
@@ -121,13 +122,19 @@ class MegatronCausalLM(nn.Module):
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         pp_size = parallel_state.get_pipeline_model_parallel_world_size()
         pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        self.cp_size = parallel_state.get_context_parallel_world_size()
+        self.cp_rank = parallel_state.get_context_parallel_rank()
+        self.cp_group = parallel_state.get_context_parallel_group()
         tp_shards.check_fits(hf_config, self.tp_size)
         stages.check_fits(hf_config, pp_size)
         tied = bool(hf_config.tie_word_embeddings)
+        layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        if self.cp_size > 1:
+            layer_spec.submodules.self_attention.submodules.core_attention = context.attention_class()
         self.gpt = GPTModel(
             transformer_config(hf_config, dtype, tensor_parallel_size=self.tp_size, pipeline_parallel_size=pp_size,
-                               recompute=recompute),
-            get_gpt_layer_local_spec(normalization="RMSNorm"),
+                               context_parallel_size=self.cp_size, recompute=recompute),
+            layer_spec,
             vocab_size=hf_config.vocab_size,
             max_sequence_length=hf_config.max_position_embeddings,
             pre_process=pp_rank == 0,
@@ -154,23 +161,51 @@ class MegatronCausalLM(nn.Module):
         else:
             # Right padding: the causal mask alone keeps real tokens from seeing padding.
             masked_out = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).triu(1)[None, None]
+        masked_out = masked_out.expand(b, 1, t, t)
+        if self.cp_size > 1:
+            input_ids, position_ids, masked_out = self._context_part(input_ids, position_ids, masked_out)
         rotary = self.gpt.rotary_pos_emb
         if position_ids is None:
             position_ids = torch.arange(t, device=input_ids.device)[None].expand(b, -1)
         else:
             rotary.positions = position_ids
         try:
-            out = self.gpt(input_ids, position_ids, masked_out.expand(b, 1, t, t))
+            out = self.gpt(input_ids, position_ids, masked_out)
         finally:
             rotary.positions = None
         if not self.stage.last:
-            return SimpleNamespace(hidden_states=out)  # [t, b, hidden]
-        logits = out  # [b, t, V / tp]
+            return SimpleNamespace(hidden_states=out)  # [t (/ cp), b, hidden]
+        logits = out  # [b, t (/ cp), V / tp]
         if self.tp_size > 1:
             logits = tp_shards.GatherVocabShards.apply(logits, self.tp_group)
+        if self.cp_size > 1:
+            logits = self._full_width(logits, t)
         if logits_to_keep > 0:
             logits = logits[:, -logits_to_keep:]
         return SimpleNamespace(logits=logits)
+
+    def _context_part(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None,
+                      masked_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This context-parallel rank's positions (``megatron/context.py``): the width padded to a
+        multiple of 2 x cp (padding masked out), then its ids and position ids, and its query rows of
+        the mask with the key columns in the order the attention gathers them."""
+        b, t = input_ids.shape
+        width = context.padded_width(t, self.cp_size)
+        if position_ids is None:
+            position_ids = torch.arange(t, device=input_ids.device)[None].expand(b, -1)
+        if width > t:
+            input_ids = F.pad(input_ids, (0, width - t))
+            position_ids = F.pad(position_ids, (0, width - t))
+            masked_out = F.pad(masked_out, (0, width - t, 0, width - t), value=True)
+        mine = context.split_index(width, self.cp_size, self.cp_rank).to(input_ids.device)
+        order = context.gathered_order(width, self.cp_size).to(input_ids.device)
+        return input_ids[:, mine], position_ids[:, mine], masked_out[:, :, mine][..., order]
+
+    def _full_width(self, logits: torch.Tensor, width: int) -> torch.Tensor:
+        """``[b, t / cp, V]`` of every context-parallel rank -> ``[b, t, V]`` in position order."""
+        gathered = context.gather_keep_slice(logits, 1, self.cp_group)
+        order = context.gathered_order(gathered.shape[1], self.cp_size).to(logits.device)
+        return gathered.index_select(1, torch.argsort(order))[:, :width]
 
     # HF names <-> Megatron names through rl_checkpoint's mapping (the converter's, shared).
     def hf_shapes(self) -> dict[str, torch.Tensor]:
@@ -259,8 +294,9 @@ class PositionedRotary(nn.Module):
     GPTModel's call (``rotary(seq_len, ...)``, positions 0 .. t-1 of every row) returns the
     frequencies of ``positions`` instead, ``[t, b, 1, dim]`` (Megatron's ``[t, 1, 1, dim]`` broadcast
     over rows; the unfused RoPE this backend configures multiplies them elementwise with
-    ``[t, b, heads, dim]`` queries and keys). Applied inside the attention of every layer and every
-    pipeline stage (each stage's GPTModel computes its own)."""
+    ``[t, b, heads, dim]`` queries and keys). With context parallel the positions are those of this
+    rank's part (always set). Applied inside the attention of every layer and every pipeline stage
+    (each stage's GPTModel computes its own)."""
 
     def __init__(self, rotary: nn.Module) -> None:
         super().__init__()
@@ -273,8 +309,6 @@ class PositionedRotary(nn.Module):
     def forward(self, max_seq_len: int, *args, **kwargs) -> torch.Tensor:
         if self.positions is None:
             return self.rotary(max_seq_len, *args, **kwargs)
-        if self.positions.shape[1] != max_seq_len:
-            raise ValueError(f"position_ids cover {self.positions.shape[1]} positions, the model runs {max_seq_len}")
         emb = self.rotary.get_emb(int(self.positions.max()) + 1)  # [max position + 1, 1, 1, dim]
         return emb[self.positions.to(emb.device).t(), 0]  # [t, b, 1, dim]
 

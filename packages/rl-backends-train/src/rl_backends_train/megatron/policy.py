@@ -7,7 +7,7 @@ from rl_backends_train.megatron.worker import MegatronWorker, check_megatron_con
 
 
 class MegatronPolicy(DTensorPolicy):
-    """A megatron-core GPTModel sharded over ranks (tensor parallel x data parallel x pipeline stages)."""
+    """A megatron-core GPTModel sharded over ranks (tensor x context x data parallel x pipeline stages)."""
 
     worker_cls = MegatronWorker
 
@@ -22,7 +22,8 @@ class MegatronPolicy(DTensorPolicy):
         self.group.run_all("load_adapter", str(path))
 
     def _per_data_shard(self, results: list) -> list:
-        """One result per data shard: ranks ``dp_rank * tp`` of the first stage (rank = tp_rank + tp *
-        (dp_rank + dp * pp_rank); every stage returns the last stage's results)."""
-        tp = self.cfg.tensor_parallel_size
-        return results[: self.cfg.data_parallel_size * tp: tp]
+        """One result per data shard: ranks ``dp_rank * tp * cp`` of the first stage (rank = tp_rank + tp *
+        (cp_rank + cp * (dp_rank + dp * pp_rank)); every stage returns the last stage's results, every
+        context-parallel rank the whole rows)."""
+        step = self.cfg.tensor_parallel_size * self.cfg.context_parallel_size
+        return results[: self.cfg.data_parallel_size * step: step]

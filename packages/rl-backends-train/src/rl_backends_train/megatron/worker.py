@@ -7,9 +7,12 @@ tensor-parallel shards and pipeline stages, and HF names for refit, export and c
 causal_lm, LoRA, tensor parallel (Megatron's layers; ranks of a tensor-parallel group are neighbours,
 as in the DTensor backend's mesh; LoRA included), pipeline parallel (``megatron/pipeline.py``:
 megatron-core's 1F1B schedule; results sent from the last stage to every rank; weights and
-checkpoints gathered under the names of the whole model), activation recompute.
+checkpoints gathered under the names of the whole model), context parallel, activation recompute.
 
-Rank layout: Megatron's order tp-cp-ep-dp-pp, ``rank = tp_rank + tp * (dp_rank + dp * pp_rank)``.
+Rank layout: Megatron's order tp-cp-ep-dp-pp,
+``rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))``. The ranks of a context-parallel
+group (``megatron/context.py``) see the same rows and split their positions; their gradients are
+summed with the data-parallel ones (Megatron's data x context parallel group).
 
 LoRA (``megatron/lora.py``): one adapter pair per HF projection on Megatron's fused linears, PEFT
 names. Only adapters train; ``reference_logprobs`` runs the base (adapters off, no copy); refit and
@@ -99,7 +102,7 @@ def check_pipeline_fits(cfg: TrainBackendConfig, model_path: str) -> None:
 _groups_made_in = None  # the default process group Megatron's groups were made in
 
 
-def init_model_parallel(tensor_parallel_size: int, pipeline_parallel_size: int = 1) -> None:
+def init_model_parallel(tensor_parallel_size: int, pipeline_parallel_size: int = 1, context_parallel_size: int = 1) -> None:
     """Megatron's process groups (order tp-cp-ep-dp-pp: tensor-parallel ranks are neighbours, the
     pipeline stage varies slowest). Made again when the sizes differ, or when the default process
     group is a new one (in-process workers re-create it after the last one shut down)."""
@@ -109,11 +112,13 @@ def init_model_parallel(tensor_parallel_size: int, pipeline_parallel_size: int =
     if parallel_state.model_parallel_is_initialized():
         if (_groups_made_in is dist.group.WORLD
                 and parallel_state.get_tensor_model_parallel_world_size() == tensor_parallel_size
-                and parallel_state.get_pipeline_model_parallel_world_size() == pipeline_parallel_size):
+                and parallel_state.get_pipeline_model_parallel_world_size() == pipeline_parallel_size
+                and parallel_state.get_context_parallel_world_size() == context_parallel_size):
             return
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel_size,
-                                             pipeline_model_parallel_size=pipeline_parallel_size)
+                                             pipeline_model_parallel_size=pipeline_parallel_size,
+                                             context_parallel_size=context_parallel_size)
     _groups_made_in = dist.group.WORLD
 
 
@@ -132,9 +137,12 @@ class MegatronWorker(DTensorWorker):
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
         if dist.get_world_size() != cfg.num_workers:
             raise ValueError(f"world size {dist.get_world_size()} != num_workers {cfg.num_workers}")
-        init_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
+        init_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.context_parallel_size)
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp_rank = parallel_state.get_data_parallel_rank()
+        # Gradients are summed over data x context parallel ranks: a CP rank's covers its positions.
+        self.grad_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        self.cp_rank = parallel_state.get_context_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.pp_group = parallel_state.get_pipeline_model_parallel_group()
@@ -142,8 +150,9 @@ class MegatronWorker(DTensorWorker):
         if cfg.tensor_parallel_size > 1:
             from torch.distributed.device_mesh import init_device_mesh
 
-            shape = (cfg.pipeline_parallel_size, cfg.data_parallel_size, cfg.tensor_parallel_size)
-            self.tp_mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=("pp", "dp", "tp"))["tp"]
+            shape = (cfg.pipeline_parallel_size, cfg.data_parallel_size, cfg.context_parallel_size,
+                     cfg.tensor_parallel_size)
+            self.tp_mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=("pp", "dp", "cp", "tp"))["tp"]
         self.rank = dist.get_rank()
         torch.manual_seed(seed)
         self.model = build_megatron_model(model_path, cfg, self.device, seed=seed)
@@ -180,7 +189,7 @@ class MegatronWorker(DTensorWorker):
     def gather_weights(self, names: list[str]) -> dict[str, torch.Tensor] | None:
         """Full HF tensors of ``names`` on rank 0 (others: None); every rank must call it (TP gathers
         within each stage, then the stages' tensors to rank 0)."""
-        if self.dp_rank != 0:  # data-parallel replicas hold the same weights as replica 0
+        if self.dp_rank != 0 or self.cp_rank != 0:  # data/context-parallel replicas: the same weights
             return None
         ours = [name for name in names if name in self.stage_hf_names]
         state = self.model.hf_state_dict(ours) if ours else {}
@@ -195,7 +204,7 @@ class MegatronWorker(DTensorWorker):
         if self.cfg.lora is None:
             raise ValueError("save_adapter() needs a LoRA config (policy.training.lora)")
         adapters = self.model.hf_adapter_state_dict()  # a tensor-parallel gather: every rank calls it
-        if self.dp_rank == 0 and self.tp_rank == 0:
+        if self.dp_rank == 0 and self.cp_rank == 0 and self.tp_rank == 0:
             adapters = self._stages_to_rank0({k: v.detach().cpu() for k, v in adapters.items()})
         if self.rank == 0:
             write_adapter(path, {k: v.detach().cpu() for k, v in adapters.items()},
@@ -239,7 +248,7 @@ class MegatronWorker(DTensorWorker):
         return self._from_last_stage(super()._sum_over_dp(local))
 
     def _reduce_gradients(self) -> None:
-        grads.reduce_gradients(self.model, self.trainable, self.dp_group)
+        grads.reduce_gradients(self.model, self.trainable, self.grad_group)
 
     def _clip_gradients(self) -> float:
         if self.cfg.tensor_parallel_size == 1 and self.pipeline is None:
