@@ -26,3 +26,11 @@ def tiny_tp_dir(tmp_path_factory):
     from rl_core.models import save_tiny_model
 
     return str(save_tiny_model(tmp_path_factory.mktemp("tiny-llama-kv2"), family="llama", num_key_value_heads=2))
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral_dir(tmp_path_factory):
+    """A tiny Mixtral: Llama attention, 4 SwiGLU experts per layer, top 2 (saved per expert, as HF does)."""
+    from rl_core.models import save_tiny_model
+
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny-mixtral"), family="mixtral"))

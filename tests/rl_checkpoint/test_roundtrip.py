@@ -9,6 +9,7 @@ import torch
 
 from rl_checkpoint.cli import main
 from rl_checkpoint.dcp_io import save_dcp
+from rl_checkpoint.errors import CheckpointError
 from rl_checkpoint.megatron_mapping import hf_to_megatron, megatron_to_hf
 
 
@@ -126,3 +127,32 @@ def test_inspect_and_diff(tiny_model_dir, tiny_qwen2_dir, tmp_path, capsys, read
     assert main(["diff", tiny_model_dir, str(tmp_path / "changed"), "--atol", "0.3"]) == 0
     assert main(["diff", tiny_model_dir, tiny_qwen2_dir]) == 1
     assert "ONLY-B model.layers.0.self_attn.q_proj.bias" in capsys.readouterr().out
+
+
+def test_megatron_mapping_of_mixture_of_experts(tmp_path, read_hf, same_tensors):
+    """Mixtral: the router and the per-expert files (w1 = gate, w3 = up, w2 = down) <-> the router and
+    local experts of Megatron's SequentialMLP; Megatron -> HF gives HF's in-memory layout (experts
+    stacked), which reads back to the same Megatron tensors and loads with from_pretrained."""
+    from transformers import AutoModelForCausalLM
+
+    from rl_core.models import save_tiny_model
+
+    model_dir = save_tiny_model(tmp_path / "mixtral", family="mixtral")
+    disk = read_hf(model_dir)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    mg = hf_to_megatron(disk, cfg)
+    expert = "decoder.layers.1.mlp.experts.local_experts.2."
+    w = {k: disk[f"model.layers.1.block_sparse_moe.experts.2.{k}.weight"] for k in ("w1", "w2", "w3")}
+    assert torch.equal(mg[expert + "linear_fc1.weight"], torch.cat([w["w1"], w["w3"]]))
+    assert torch.equal(mg[expert + "linear_fc2.weight"], w["w2"])
+    assert torch.equal(mg["decoder.layers.1.mlp.router.weight"], disk["model.layers.1.block_sparse_moe.gate.weight"])
+    hf = megatron_to_hf(mg, cfg)
+    same_tensors(hf, AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict())
+    same_tensors(mg, hf_to_megatron(hf, cfg))
+    del mg[expert + "linear_fc2.weight"]
+    with pytest.raises(CheckpointError, match=r"router has 4 experts but the tensors hold experts \[0, 1, 2, 3\] "
+                                              r"\(linear_fc1\) and \[0, 1, 3\]"):
+        megatron_to_hf(mg, cfg)
+    assert main(["hf-to-dcp", str(model_dir), str(tmp_path / "mg"), "--megatron"]) == 0
+    assert main(["to-hf", str(tmp_path / "mg"), str(tmp_path / "hf")]) == 0
+    same_tensors(hf, read_hf(tmp_path / "hf"))

@@ -100,8 +100,9 @@ class TrainBackendConfig(StrictModel):
     of the width each, balanced for causal attention); each attention layer all-gathers keys and
     values over them (``megatron/context.py``). Activation memory / cp. backend=dtensor: 1 only."""
     expert_parallel_size: int = Field(1, gt=0)
-    """1 only. Expert parallelism splits the experts of mixture-of-experts layers; both backends map
-    dense Llama/Qwen2 models, which have no experts."""
+    """backend=megatron, mixture-of-experts models (Mixtral) only: ranks that split each MoE layer's
+    experts. They are data-parallel ranks (it must divide the data-parallel size): each runs its own
+    rows and exchanges tokens with the others (all-to-all) to reach their experts."""
     sequence_parallel: bool = False
     """DTensor backend, tensor_parallel_size > 1 only: the norms and the residual stream between the
     attention/MLP blocks are sharded over the sequence dimension across the tensor-parallel ranks
@@ -153,10 +154,18 @@ class TrainBackendConfig(StrictModel):
                 f"context_parallel_size={self.context_parallel_size} is not supported by backend=dtensor: set "
                 "backend=megatron (positions split over ranks, keys and values gathered per layer), or "
                 "context_parallel_size=1 and use activation_checkpointing / sequence_parallel for long sequences")
-        if self.expert_parallel_size != 1:
-            raise ValueError(
-                f"expert_parallel_size={self.expert_parallel_size} is not supported: the training backends map dense "
-                "Llama/Qwen2 models, which have no experts to split; leave it at 1")
+        if self.expert_parallel_size > 1:
+            if self.backend == "dtensor":
+                raise ValueError(f"expert_parallel_size={self.expert_parallel_size} is not supported by backend=dtensor: "
+                                 "set backend=megatron (experts split over ranks, tokens exchanged all-to-all), or "
+                                 "expert_parallel_size=1 (FSDP shards the experts' weights like any other)")
+            if self.data_parallel_size % self.expert_parallel_size:
+                raise ValueError(f"expert_parallel_size={self.expert_parallel_size} must divide the data-parallel size "
+                                 f"{self.data_parallel_size} (num_workers / (tensor x pipeline x context parallel)): "
+                                 "expert-parallel ranks are data-parallel ranks")
+            if self.context_parallel_size > 1:
+                raise ValueError("expert_parallel_size > 1 with context_parallel_size > 1 is not supported: set one of "
+                                 "them to 1")
         if self.sequence_parallel and self.tensor_parallel_size == 1:
             raise ValueError("sequence_parallel=True shards activations over the tensor-parallel ranks and needs "
                              "tensor_parallel_size > 1; set tensor_parallel_size (e.g. 2) or sequence_parallel=False")

@@ -1,4 +1,4 @@
-"""HF <-> Megatron-core GPTModel parameter names and layouts for the Llama and Qwen2 families.
+"""HF <-> Megatron-core GPTModel parameter names and layouts for the Llama, Qwen2 and Mixtral families.
 
 Megatron fuses what HF keeps apart:
 
@@ -11,6 +11,18 @@ Megatron fuses what HF keeps apart:
   with Transformer Engine's fused spec ("te") and ``input_layernorm.weight`` /
   ``pre_mlp_layernorm.weight`` with the local spec ("local"). Both are read; ``layer_spec`` picks
   which one is written.
+
+Mixture-of-experts layers (Mixtral; megatron-core's local ``SequentialMLP``):
+
+* the router ``mlp.router.weight`` ``[E, hidden]`` is HF's ``mlp.gate.weight`` (on disk
+  ``block_sparse_moe.gate.weight``);
+* expert ``j``'s ``mlp.experts.local_experts.{j}.linear_fc1.weight`` is ``cat([gate_j, up_j])`` and
+  ``linear_fc2.weight`` its down projection. HF keeps the experts of a layer stacked in memory,
+  ``mlp.experts.gate_up_proj`` ``[E, 2 * ffn, hidden]`` (gate rows first) and
+  ``mlp.experts.down_proj`` ``[E, hidden, ffn]``, and per expert on disk
+  (``block_sparse_moe.experts.{j}.w1`` = gate, ``w3`` = up, ``w2`` = down). Both spellings are read;
+  the stacked in-memory one is written (``from_pretrained`` loads it, and it is what HF models and
+  the generation engines hold, so refit names match).
 
 Distributed checkpoints of megatron-core stack the layers: ``decoder.layers.<name>`` with a leading
 ``[num_layers]`` axis. ``megatron_to_hf`` accepts both the stacked and the per-layer
@@ -46,6 +58,8 @@ _DIRECT = {  # per-layer megatron suffix -> HF suffix (no layout change)
     "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
 }
 _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_EXPERT_RE = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
+_HF_EXPERT_RE = re.compile(r"^block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
 _HF_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
@@ -85,7 +99,7 @@ def split_qkv(qkv: torch.Tensor, hf_config: dict) -> tuple[torch.Tensor, torch.T
 
 def hf_to_megatron(state_dict: dict[str, torch.Tensor], hf_config: dict, *,
                    layer_spec: LayerSpec = "local") -> dict[str, torch.Tensor]:
-    """HF Llama/Qwen2 tensors -> megatron-core GPTModel tensors (per-layer names, no prefix)."""
+    """HF Llama/Qwen2/Mixtral tensors -> megatron-core GPTModel tensors (per-layer names, no prefix)."""
     attn_norm, mlp_norm = _NORM_NAMES[layer_spec]
     tied = bool(hf_config.get("tie_word_embeddings", False))
     out: dict[str, torch.Tensor] = {}
@@ -113,11 +127,14 @@ def hf_to_megatron(state_dict: dict[str, torch.Tensor], hf_config: dict, *,
         if attn + "q_proj.bias" in t:
             out[p + "self_attention.linear_qkv.bias"] = fuse_qkv(
                 t.pop(attn + "q_proj.bias"), t.pop(attn + "k_proj.bias"), t.pop(attn + "v_proj.bias"), hf_config)
-        out[p + "mlp.linear_fc1.weight"] = torch.cat([t.pop("mlp.gate_proj.weight"), t.pop("mlp.up_proj.weight")])
+        if "mlp.gate_proj.weight" in t:
+            out[p + "mlp.linear_fc1.weight"] = torch.cat([t.pop("mlp.gate_proj.weight"), t.pop("mlp.up_proj.weight")])
+            out[p + "mlp.linear_fc2.weight"] = t.pop("mlp.down_proj.weight")
+        else:
+            out |= {p + k: v for k, v in _experts_to_megatron(t, i).items()}
         out[p + attn_norm] = t.pop("input_layernorm.weight")
         out[p + mlp_norm] = t.pop("post_attention_layernorm.weight")
         out[p + "self_attention.linear_proj.weight"] = t.pop("self_attn.o_proj.weight")
-        out[p + "mlp.linear_fc2.weight"] = t.pop("mlp.down_proj.weight")
         for hf_suffix, mg_suffix in (("self_attn.q_norm.weight", "self_attention.q_layernorm.weight"),
                                      ("self_attn.k_norm.weight", "self_attention.k_layernorm.weight")):
             if hf_suffix in t:
@@ -125,6 +142,55 @@ def hf_to_megatron(state_dict: dict[str, torch.Tensor], hf_config: dict, *,
         if t:
             raise CheckpointError(f"HF tensors of layer {i} have no Megatron counterpart: {sorted(t)}")
     return out
+
+
+def _experts_to_megatron(t: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
+    """Pop a mixture-of-experts layer's HF tensors (stacked or per-expert) from ``t``; return the
+    router and every expert's ``linear_fc1`` / ``linear_fc2`` under Megatron's per-layer suffixes."""
+    out = {}
+    router = t.pop("mlp.gate.weight", None)
+    if router is None:
+        router = t.pop("block_sparse_moe.gate.weight", None)
+    if router is None:
+        raise CheckpointError(f"HF layer {layer} has neither an MLP (mlp.gate_proj) nor a router (mlp.gate / "
+                              "block_sparse_moe.gate): not a Llama/Qwen2/Mixtral layer")
+    out["mlp.router.weight"] = router
+    if "mlp.experts.gate_up_proj" in t:
+        for j, (gate_up, down) in enumerate(zip(t.pop("mlp.experts.gate_up_proj"), t.pop("mlp.experts.down_proj"),
+                                                strict=True)):
+            out[f"mlp.experts.local_experts.{j}.linear_fc1.weight"] = gate_up
+            out[f"mlp.experts.local_experts.{j}.linear_fc2.weight"] = down
+        return out
+    per_expert: dict[int, dict[str, torch.Tensor]] = {}
+    for suffix in [k for k in t if _HF_EXPERT_RE.match(k)]:
+        m = _HF_EXPERT_RE.match(suffix)
+        per_expert.setdefault(int(m.group(1)), {})[m.group(2)] = t.pop(suffix)
+    if sorted(per_expert) != list(range(router.shape[0])):
+        raise CheckpointError(f"HF layer {layer}: the router has {router.shape[0]} experts but the tensors hold "
+                              f"experts {sorted(per_expert)}")
+    for j, w in sorted(per_expert.items()):
+        out[f"mlp.experts.local_experts.{j}.linear_fc1.weight"] = torch.cat([w["w1"], w["w3"]])
+        out[f"mlp.experts.local_experts.{j}.linear_fc2.weight"] = w["w2"]
+    return out
+
+
+def _experts_to_hf(t: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
+    """Pop a mixture-of-experts layer's Megatron tensors from ``t``; return HF's in-memory layout
+    (router ``mlp.gate.weight``, experts stacked in ``mlp.experts.gate_up_proj`` / ``down_proj``)."""
+    fc1: dict[int, torch.Tensor] = {}
+    fc2: dict[int, torch.Tensor] = {}
+    for suffix in [k for k in t if _EXPERT_RE.match(k)]:
+        m = _EXPERT_RE.match(suffix)
+        (fc1 if m.group(2) == "linear_fc1" else fc2)[int(m.group(1))] = t.pop(suffix)
+    router = t.pop("mlp.router.weight")
+    experts = list(range(router.shape[0]))
+    if sorted(fc1) != experts or sorted(fc2) != experts:
+        raise CheckpointError(f"Megatron layer {layer}: the router has {router.shape[0]} experts but the tensors "
+                              f"hold experts {sorted(fc1)} (linear_fc1) and {sorted(fc2)} (linear_fc2); gather "
+                              "every expert-parallel rank's experts first")
+    return {"mlp.gate.weight": router,
+            "mlp.experts.gate_up_proj": torch.stack([fc1[j] for j in experts]),
+            "mlp.experts.down_proj": torch.stack([fc2[j] for j in experts])}
 
 
 def strip_prefixes(name: str) -> str:
@@ -152,7 +218,7 @@ def unstack_layers(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 
 def megatron_to_hf(state_dict: dict[str, torch.Tensor], hf_config: dict) -> dict[str, torch.Tensor]:
-    """megatron-core GPTModel tensors (stacked or per-layer, any prefix) -> HF Llama/Qwen2 tensors."""
+    """megatron-core GPTModel tensors (stacked or per-layer, any prefix) -> HF Llama/Qwen2/Mixtral tensors."""
     sd = unstack_layers({strip_prefixes(k): v for k, v in state_dict.items() if not k.endswith("_extra_state")})
     tied = bool(hf_config.get("tie_word_embeddings", False))
     out: dict[str, torch.Tensor] = {}
@@ -179,11 +245,14 @@ def megatron_to_hf(state_dict: dict[str, torch.Tensor], hf_config: dict) -> dict
         if "self_attention.linear_qkv.bias" in t:
             q, k, v = split_qkv(t.pop("self_attention.linear_qkv.bias"), hf_config)
             out |= {p + "self_attn.q_proj.bias": q, p + "self_attn.k_proj.bias": k, p + "self_attn.v_proj.bias": v}
-        if "mlp.linear_fc1.weight" in t:
+        if "mlp.router.weight" in t:
+            out |= {p + k: v for k, v in _experts_to_hf(t, i).items()}
+        elif "mlp.linear_fc1.weight" in t:
             gate, up = t.pop("mlp.linear_fc1.weight").chunk(2, dim=0)
+            out |= {p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up}
         else:
             gate, up = t.pop("mlp.linear_fc1.weight_w"), t.pop("mlp.linear_fc1.weight_v")
-        out |= {p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up}
+            out |= {p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up}
         for mg_suffix in list(t):
             if mg_suffix in _DIRECT:
                 out[p + _DIRECT[mg_suffix]] = t.pop(mg_suffix)

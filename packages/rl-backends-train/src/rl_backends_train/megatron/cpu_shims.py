@@ -20,6 +20,13 @@ Applied only when CUDA is absent (``apply_cpu_shims`` is a no-op on a GPU machin
    and whose ``cuda.synchronize()`` does nothing; everything else is torch itself. The schedules'
    logic (1F1B order, p2p sends and receives, ``batch_isend_irecv``, which gloo runs op by op) is
    unchanged.
+6. Mixture-of-experts layers: the router moves its weight to ``torch.cuda.current_device()`` on
+   every forward, the all-to-all token dispatcher copies token counts to the host on a side CUDA
+   stream, and the all-to-all of ``tensor_parallel/mappings.py`` allocates its output on
+   ``torch.cuda.current_device()``. Those three modules get ``_TorchWithoutCuda`` too, whose
+   ``cuda.Stream()`` / ``current_stream()`` / ``stream()`` are a stream that does nothing (CPU work
+   runs in order), and the dispatcher's host copy of the split sizes (a no-op for CPU tensors in
+   megatron-core) makes them numpy arrays as it does for CUDA tensors.
 """
 
 from __future__ import annotations
@@ -31,8 +38,26 @@ from functools import reduce
 import torch
 
 
+class _NoStream:
+    """A CUDA stream or event for code that only orders work on streams: on the CPU everything runs
+    in order, so waiting and synchronising do nothing."""
+
+    def wait_stream(self, *args, **kwargs) -> None:
+        return None
+
+    def record_event(self, *args, **kwargs) -> _NoStream:
+        return self
+
+    def synchronize(self) -> None:
+        return None
+
+
+_THE_STREAM = _NoStream()
+
+
 class _CudaOnCpu:
-    """``torch.cuda`` for code that only asks it where to allocate and when to synchronise."""
+    """``torch.cuda`` for code that only asks it where to allocate, when to synchronise and on which
+    stream to run."""
 
     @staticmethod
     def current_device() -> str:
@@ -41,6 +66,18 @@ class _CudaOnCpu:
     @staticmethod
     def synchronize(*args, **kwargs) -> None:
         return None
+
+    @staticmethod
+    def Stream(*args, **kwargs) -> _NoStream:  # noqa: N802 (torch.cuda's name)
+        return _THE_STREAM
+
+    @staticmethod
+    def current_stream(*args, **kwargs) -> _NoStream:
+        return _THE_STREAM
+
+    @staticmethod
+    def stream(*args, **kwargs):
+        return contextlib.nullcontext()
 
     def __getattr__(self, name: str):
         return getattr(torch.cuda, name)
@@ -71,7 +108,9 @@ def apply_cpu_shims() -> bool:
     from megatron.core import utils as mcore_utils
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from megatron.core.pipeline_parallel import p2p_communication, schedules
+    from megatron.core.tensor_parallel import mappings
     from megatron.core.tensor_parallel import random as mcore_random
+    from megatron.core.transformer.moe import router, token_dispatcher
 
     def get_tensor_on_cpu(self, tensor_shape, dtype, name, mem_alloc_context=None):
         required = reduce(operator.mul, tensor_shape, 1)
@@ -99,6 +138,13 @@ def apply_cpu_shims() -> bool:
         torch.set_rng_state(cpu_rng_state)
         mcore_random.get_cuda_rng_tracker().set_states(tracker_states)
 
+    def splits_to_host(tensor, as_numpy: bool = False, record_stream: bool = False):
+        # On CUDA this copies token counts to the host (numpy for all_to_all_single's split sizes);
+        # megatron-core's version leaves a CPU tensor as it is, which all_to_all_single refuses.
+        if torch.is_tensor(tensor) and as_numpy:
+            return tensor.numpy()
+        return tensor
+
     mcore_utils.GlobalMemoryBuffer.get_tensor = get_tensor_on_cpu
     RotaryEmbedding.get_emb = rope_emb_on_cpu
     mcore_random.CudaRNGStatesTracker.fork = fork_without_cuda
@@ -106,5 +152,7 @@ def apply_cpu_shims() -> bool:
     mcore_random._get_all_rng_states = get_rng_states_without_cuda
     mcore_random._set_all_rng_states = set_rng_states_without_cuda
     schedules.torch = p2p_communication.torch = _TorchWithoutCuda()
+    router.torch = token_dispatcher.torch = mappings.torch = _TorchWithoutCuda()
+    token_dispatcher.maybe_move_tensor_to_cpu = splits_to_host
     _applied = True
     return True

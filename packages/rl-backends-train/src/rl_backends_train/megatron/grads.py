@@ -11,18 +11,21 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from rl_backends_train.megatron import tp_shards
+from rl_backends_train.megatron import experts, tp_shards
 from rl_backends_train.megatron.model import MegatronCausalLM
 
 
-def reduce_gradients(model: MegatronCausalLM, trainable: list[torch.nn.Parameter], dp_group) -> None:
-    """Sum each gradient over the data-parallel ranks (``dp_group``: data x context parallel); with tied embeddings split over pipeline
+def reduce_gradients(model: MegatronCausalLM, trainable: list[torch.nn.Parameter], dp_group,
+                     expert_dp_group=None) -> None:
+    """Sum each gradient over the data-parallel ranks (``dp_group``: data x context parallel; an
+    expert's over ``expert_dp_group``, the ranks holding the same experts); with tied embeddings split over pipeline
     stages, sum the gradients of the first stage's embedding and the last stage's copy over
     Megatron's embedding group, so both copies take the same step (as one shared tensor would)."""
-    if dist.get_world_size(dp_group) > 1:
-        for param in trainable:
-            if param.grad is not None:
-                dist.all_reduce(param.grad, group=dp_group)
+    expert_params = {id(p) for name, p in model.gpt.named_parameters() if experts.is_expert(name)}
+    for param in trainable:
+        group = expert_dp_group if id(param) in expert_params else dp_group
+        if param.grad is not None and dist.get_world_size(group) > 1:
+            dist.all_reduce(param.grad, group=group)
     stage = model.stage
     if stage.tied_embeddings and stage.size > 1 and (stage.first or stage.last):
         from megatron.core import parallel_state
@@ -34,14 +37,16 @@ def reduce_gradients(model: MegatronCausalLM, trainable: list[torch.nn.Parameter
             dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
 
 
-def clip_grad_norm(model: MegatronCausalLM, max_norm: float | None, tp_group, pp_group) -> float:
+def clip_grad_norm(model: MegatronCausalLM, max_norm: float | None, tp_group, pp_group, ep_group=None) -> float:
     """Global L2 norm of the whole model's gradient, clipped to ``max_norm``: squares of
     tensor-parallel shards are summed over the TP group, replicated parameters (norms; the same
-    gradient on every TP rank) counted once, the stages' sums added over the pipeline group, and the
+    gradient on every TP rank) counted once, experts' squares summed over the expert-parallel group
+    (each rank holds different experts), the stages' sums added over the pipeline group, and the
     last stage's copy of tied embeddings left out (the first stage counts that tensor)."""
     device = next(model.parameters()).device
     sharded = torch.zeros((), dtype=torch.float64, device=device)
     replicated = torch.zeros((), dtype=torch.float64, device=device)
+    expert = torch.zeros((), dtype=torch.float64, device=device)
     grads = []
     for name, param in model.gpt.named_parameters():
         if param.grad is None:
@@ -50,13 +55,17 @@ def clip_grad_norm(model: MegatronCausalLM, max_norm: float | None, tp_group, pp
         if model.stage.holds_tied_copy and name == "output_layer.weight":
             continue
         sq = param.grad.detach().double().pow(2).sum()
-        if tp_shards.shard_dim(name) is None:
+        if ep_group is not None and experts.is_expert(name):
+            expert += sq
+        elif tp_shards.shard_dim(name) is None:
             replicated += sq
         else:
             sharded += sq
     if dist.get_world_size(tp_group) > 1:
         dist.all_reduce(sharded, group=tp_group)
-    total_sq = sharded + replicated
+    if ep_group is not None:
+        dist.all_reduce(expert, group=ep_group)
+    total_sq = sharded + replicated + expert
     if dist.get_world_size(pp_group) > 1:
         dist.all_reduce(total_sq, group=pp_group)
     total = float(total_sq.sqrt())

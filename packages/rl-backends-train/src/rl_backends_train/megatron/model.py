@@ -31,12 +31,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from rl_backends_train.megatron import context, lora, stages, tp_shards
+from rl_backends_train.megatron import context, experts, lora, stages, tp_shards
 
-_FAMILIES = ("llama", "qwen2")
+_FAMILIES = ("llama", "qwen2", "mixtral")
 
 
 def rope_theta(config) -> float:
@@ -45,7 +46,7 @@ def rope_theta(config) -> float:
 
 
 def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-                       context_parallel_size: int = 1, recompute: bool = False):
+                       context_parallel_size: int = 1, expert_parallel_size: int = 1, recompute: bool = False):
     """megatron-core TransformerConfig equal to the HF model (RMSNorm, SwiGLU, RoPE, GQA).
 
     ``recompute``: Megatron's full recompute of every decoder layer in backward (``uniform``, one
@@ -57,7 +58,29 @@ def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: i
         raise ValueError(f"the Megatron backend maps {_FAMILIES} models, not {hf_config.model_type!r}")
     if (getattr(hf_config, "rope_parameters", None) or {}).get("rope_type", "default") != "default":
         raise ValueError("the Megatron backend supports plain RoPE only (no rope scaling)")
+    if getattr(hf_config, "sliding_window", None) is not None and hf_config.model_type == "mixtral":
+        raise ValueError("the Megatron backend runs full attention; this Mixtral config sets sliding_window="
+                         f"{hf_config.sliding_window}")
+    if getattr(hf_config, "router_jitter_noise", 0.0):
+        raise ValueError("the Megatron backend's router has no jitter noise; this config sets router_jitter_noise="
+                         f"{hf_config.router_jitter_noise}")
     heads = hf_config.num_attention_heads
+    moe_kwargs = {}
+    if experts.num_experts(hf_config):
+        moe_kwargs = {
+            "num_moe_experts": experts.num_experts(hf_config),
+            "moe_router_topk": hf_config.num_experts_per_tok,
+            "moe_ffn_hidden_size": hf_config.intermediate_size,
+            # Top-k of the router logits, then softmax over those k: HF's softmax over all experts
+            # renormalised over the top k, exactly. No load-balancing loss, no token dropping.
+            "moe_router_score_function": "softmax",
+            "moe_router_pre_softmax": False,
+            "moe_router_load_balancing_type": "none",
+            "moe_aux_loss_coeff": 0.0,
+            "moe_token_dispatcher_type": "alltoall",
+            "moe_grouped_gemm": False,
+            "expert_model_parallel_size": expert_parallel_size,
+        }
     recompute_kwargs = {}
     if recompute:
         recompute_kwargs = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
@@ -101,7 +124,7 @@ def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: i
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=True,
         **recompute_kwargs,
-        **pipeline_kwargs,
+        **(pipeline_kwargs | moe_kwargs),
     )
 
 
@@ -125,15 +148,23 @@ class MegatronCausalLM(nn.Module):
         self.cp_size = parallel_state.get_context_parallel_world_size()
         self.cp_rank = parallel_state.get_context_parallel_rank()
         self.cp_group = parallel_state.get_context_parallel_group()
+        ep_size = parallel_state.get_expert_model_parallel_world_size()
+        self.ep_group = parallel_state.get_expert_model_parallel_group() if ep_size > 1 else None
+        self.experts = experts.ExpertShard(parallel_state.get_expert_model_parallel_rank(), ep_size,
+                                           experts.num_experts(hf_config))
+        experts.check_fits(hf_config, ep_size)
         tp_shards.check_fits(hf_config, self.tp_size)
         stages.check_fits(hf_config, pp_size)
         tied = bool(hf_config.tie_word_embeddings)
-        layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        if self.experts.num_experts:
+            experts.patch_router_without_transformer_engine()
+        layer_spec = get_gpt_layer_local_spec(num_experts=self.experts.num_experts or None, moe_grouped_gemm=False,
+                                              normalization="RMSNorm")
         if self.cp_size > 1:
             layer_spec.submodules.self_attention.submodules.core_attention = context.attention_class()
         self.gpt = GPTModel(
             transformer_config(hf_config, dtype, tensor_parallel_size=self.tp_size, pipeline_parallel_size=pp_size,
-                               context_parallel_size=self.cp_size, recompute=recompute),
+                               context_parallel_size=self.cp_size, expert_parallel_size=ep_size, recompute=recompute),
             layer_spec,
             vocab_size=hf_config.vocab_size,
             max_sequence_length=hf_config.max_position_embeddings,
@@ -213,8 +244,8 @@ class MegatronCausalLM(nn.Module):
         communication."""
         from rl_checkpoint.megatron_mapping import megatron_to_hf
 
-        meta = {name: torch.empty(tp_shards.full_shape(name, t.shape, self.tp_size), dtype=t.dtype, device="meta")
-                for name, t in self._global_state().items()}
+        meta = {every: torch.empty(tp_shards.full_shape(name, t.shape, self.tp_size), dtype=t.dtype, device="meta")
+                for name, t in self._global_state().items() for every in self.experts.all_global(name)}
         return megatron_to_hf(meta, self._mapping_config())
 
     def hf_state_dict(self, names: list[str] | None = None, *, merged: bool = True) -> dict[str, torch.Tensor]:
@@ -230,6 +261,8 @@ class MegatronCausalLM(nn.Module):
             own = {k: v for k, v in own.items() if _megatron_source(k) & sources}
             adapters = {k: v for k, v in adapters.items() if _megatron_source(k) & sources}
         full = {k: tp_shards.gather_full(k, v, self.tp_group) for k, v in own.items()}
+        if self.ep_group is not None:
+            full = self._gather_experts(full)
         hf = megatron_to_hf(full, self._mapping_config())
         if adapters:
             hf = lora.merge_into(hf, self._gather_adapters(adapters), self.lora_scale)
@@ -251,7 +284,7 @@ class MegatronCausalLM(nn.Module):
         mapped = (hf_to_megatron(base, self.config.to_dict()) if base else {}) | adapters
         local = {}
         for name, tensor in mapped.items():
-            local_name = self.stage.to_local(name)
+            local_name = self.to_local_name(name)
             if local_name is not None:
                 local[local_name] = tp_shards.split_for_rank(local_name, tensor, self.tp_size, self.tp_rank)
         missing, unexpected = self.gpt.load_state_dict(local, strict=False)
@@ -270,12 +303,31 @@ class MegatronCausalLM(nn.Module):
     def _adapter_state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.gpt.state_dict().items() if lora.is_adapter_name(k)}
 
+    def to_global_name(self, name: str) -> str:
+        """A tensor name of this rank's GPTModel -> its name in the whole model (layers of every
+        pipeline stage, experts of every expert-parallel rank)."""
+        return self.experts.to_global(self.stage.to_global(name))
+
+    def to_local_name(self, name: str) -> str | None:
+        """Inverse of ``to_global_name``; None for a tensor another stage or expert rank holds."""
+        local = self.stage.to_local(name)
+        return None if local is None else self.experts.to_local(local)
+
     def _global_state(self) -> dict[str, torch.Tensor]:
-        """``_own_state`` under the names of the whole model (``stages.PipelineStage.to_global``)."""
-        return {self.stage.to_global(k): v for k, v in self._own_state().items()}
+        """``_own_state`` under the names of the whole model (``to_global_name``)."""
+        return {self.to_global_name(k): v for k, v in self._own_state().items()}
 
     def _global_adapters(self) -> dict[str, torch.Tensor]:
-        return {self.stage.to_global(k): v for k, v in self._adapter_state().items()}
+        return {self.to_global_name(k): v for k, v in self._adapter_state().items()}
+
+    def _gather_experts(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Add the experts the other expert-parallel ranks hold (a collective over the expert group;
+        every rank of it calls with the same layers)."""
+        mine = {k: v.detach().cpu() for k, v in full.items() if experts.is_expert(k)}
+        parts: list[dict] = [{} for _ in range(self.experts.size)]
+        dist.all_gather_object(parts, mine, group=self.ep_group)
+        device = next(iter(full.values())).device if full else torch.device("cpu")
+        return full | {k: v.to(device) for part in parts for k, v in part.items() if k not in full}
 
     def _mapping_config(self) -> dict:
         """The HF config for ``megatron_to_hf`` of this stage's tensors. A stage without the output

@@ -53,7 +53,9 @@ class PipelineSchedule:
                 return model(**stage_inputs(mb, self.device)).hidden_states, None
             loss = on_outputs(mb)
             if forward_only:
-                return None, None
+                # Not None: with MoE layers the schedule reads the output's device (for the auxiliary
+                # loss scale) even when nothing is back-propagated.
+                return torch.zeros((), device=self.device), None
             return loss, _per_token_loss
 
         first = micro_batches[0].batch["input_ids"]

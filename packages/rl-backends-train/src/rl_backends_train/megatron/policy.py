@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rl_backends_train.dtensor.policy import DTensorPolicy
-from rl_backends_train.megatron.worker import MegatronWorker, check_megatron_config, check_pipeline_fits
+from rl_backends_train.megatron.worker import MegatronWorker, check_megatron_config, check_model_fits
 
 
 class MegatronPolicy(DTensorPolicy):
@@ -13,7 +13,7 @@ class MegatronPolicy(DTensorPolicy):
 
     def __init__(self, cfg, model_path: str, *, seed: int = 0, name: str = "policy") -> None:
         check_megatron_config(cfg)  # fail in the driver, before any worker starts
-        check_pipeline_fits(cfg, model_path)
+        check_model_fits(cfg, model_path)
         super().__init__(cfg, model_path, seed=seed, name=name)
 
     def load_adapter(self, path: str) -> None:

@@ -89,20 +89,32 @@ def _read_hf_weights(model_path: str, load_file) -> dict[str, torch.Tensor]:
     return weights
 
 
-def check_pipeline_fits(cfg: TrainBackendConfig, model_path: str) -> None:
-    """In the driver: the decoder layers must split evenly over the pipeline stages."""
-    if cfg.pipeline_parallel_size > 1:
-        from transformers import AutoConfig
+def check_model_fits(cfg: TrainBackendConfig, model_path: str) -> None:
+    """In the driver: the decoder layers must split evenly over the pipeline stages, the experts over
+    the expert-parallel ranks; mixture-of-experts models run with tensor_parallel_size 1."""
+    from transformers import AutoConfig
 
-        from rl_backends_train.megatron import stages
+    from rl_backends_train.megatron import experts, stages
 
-        stages.check_fits(AutoConfig.from_pretrained(model_path), cfg.pipeline_parallel_size)
+    hf_config = AutoConfig.from_pretrained(model_path)
+    stages.check_fits(hf_config, cfg.pipeline_parallel_size)
+    experts.check_fits(hf_config, cfg.expert_parallel_size)
+    if experts.num_experts(hf_config) and cfg.tensor_parallel_size > 1:
+        raise ValueError(f"tensor_parallel_size={cfg.tensor_parallel_size} with a mixture-of-experts model is not "
+                         "supported by backend=megatron (experts are not split over tensor-parallel ranks here); "
+                         "split the experts with expert_parallel_size, or the layers with pipeline_parallel_size")
+    if experts.num_experts(hf_config) and cfg.lora is not None:
+        mlp = sorted(set(cfg.lora.target_modules) & {"gate_proj", "up_proj", "down_proj"})
+        if mlp:
+            raise ValueError(f"lora.target_modules {mlp}: a mixture-of-experts model has experts, not one MLP; "
+                             "target the attention projections (q_proj, k_proj, v_proj, o_proj)")
 
 
 _groups_made_in = None  # the default process group Megatron's groups were made in
 
 
-def init_model_parallel(tensor_parallel_size: int, pipeline_parallel_size: int = 1, context_parallel_size: int = 1) -> None:
+def init_model_parallel(tensor_parallel_size: int, pipeline_parallel_size: int = 1, context_parallel_size: int = 1,
+                        expert_parallel_size: int = 1) -> None:
     """Megatron's process groups (order tp-cp-ep-dp-pp: tensor-parallel ranks are neighbours, the
     pipeline stage varies slowest). Made again when the sizes differ, or when the default process
     group is a new one (in-process workers re-create it after the last one shut down)."""
@@ -113,12 +125,14 @@ def init_model_parallel(tensor_parallel_size: int, pipeline_parallel_size: int =
         if (_groups_made_in is dist.group.WORLD
                 and parallel_state.get_tensor_model_parallel_world_size() == tensor_parallel_size
                 and parallel_state.get_pipeline_model_parallel_world_size() == pipeline_parallel_size
-                and parallel_state.get_context_parallel_world_size() == context_parallel_size):
+                and parallel_state.get_context_parallel_world_size() == context_parallel_size
+                and parallel_state.get_expert_model_parallel_world_size() == expert_parallel_size):
             return
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel_size,
                                              pipeline_model_parallel_size=pipeline_parallel_size,
-                                             context_parallel_size=context_parallel_size)
+                                             context_parallel_size=context_parallel_size,
+                                             expert_model_parallel_size=expert_parallel_size)
     _groups_made_in = dist.group.WORLD
 
 
@@ -137,12 +151,18 @@ class MegatronWorker(DTensorWorker):
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
         if dist.get_world_size() != cfg.num_workers:
             raise ValueError(f"world size {dist.get_world_size()} != num_workers {cfg.num_workers}")
-        init_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.context_parallel_size)
+        init_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.context_parallel_size,
+                            cfg.expert_parallel_size)
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         # Gradients are summed over data x context parallel ranks: a CP rank's covers its positions.
         self.grad_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
         self.cp_rank = parallel_state.get_context_parallel_rank()
+        # Experts: each expert-parallel rank (a data-parallel rank) holds its own; their gradients are
+        # summed over the ranks holding the same experts (Megatron's expert data-parallel group).
+        self.ep_group = parallel_state.get_expert_model_parallel_group() if cfg.expert_parallel_size > 1 else None
+        self.expert_grad_group = parallel_state.get_expert_data_parallel_group()
+        self.expert_dp_rank = parallel_state.get_expert_data_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.pp_group = parallel_state.get_pipeline_model_parallel_group()
@@ -189,11 +209,14 @@ class MegatronWorker(DTensorWorker):
     def gather_weights(self, names: list[str]) -> dict[str, torch.Tensor] | None:
         """Full HF tensors of ``names`` on rank 0 (others: None); every rank must call it (TP gathers
         within each stage, then the stages' tensors to rank 0)."""
-        if self.dp_rank != 0 or self.cp_rank != 0:  # data/context-parallel replicas: the same weights
+        # Data/context-parallel replicas hold the same weights; with expert parallel, the ranks of the
+        # first expert group together hold every expert.
+        first_replica = self.dp_rank == 0 if self.ep_group is None else self.expert_dp_rank == 0
+        if not first_replica or self.cp_rank != 0:
             return None
         ours = [name for name in names if name in self.stage_hf_names]
-        state = self.model.hf_state_dict(ours) if ours else {}
-        if self.tp_rank != 0:
+        state = self.model.hf_state_dict(ours) if ours else {}  # gathers experts over the expert group
+        if self.tp_rank != 0 or self.dp_rank != 0:
             return None
         tensors = self._stages_to_rank0({name: state[name].detach().cpu().clone() for name in ours})
         return {name: tensors[name] for name in names} if self.rank == 0 else None
@@ -248,12 +271,12 @@ class MegatronWorker(DTensorWorker):
         return self._from_last_stage(super()._sum_over_dp(local))
 
     def _reduce_gradients(self) -> None:
-        grads.reduce_gradients(self.model, self.trainable, self.grad_group)
+        grads.reduce_gradients(self.model, self.trainable, self.grad_group, self.expert_grad_group)
 
     def _clip_gradients(self) -> float:
-        if self.cfg.tensor_parallel_size == 1 and self.pipeline is None:
+        if self.cfg.tensor_parallel_size == 1 and self.pipeline is None and self.ep_group is None:
             return clip_grad_norm(self.trainable, self.cfg.max_grad_norm)
-        return grads.clip_grad_norm(self.model, self.cfg.max_grad_norm, self.tp_group, self.pp_group)
+        return grads.clip_grad_norm(self.model, self.cfg.max_grad_norm, self.tp_group, self.pp_group, self.ep_group)
 
     def _checkpoint_state(self) -> dict:
         """Model tensors of this stage under HF names (the rl-checkpoint contract; gathered to full with
@@ -262,14 +285,14 @@ class MegatronWorker(DTensorWorker):
         whole model (``stages.PipelineStage.to_global``), tensor-parallel shards as DTensors (see
         ``tp_shards``): a checkpoint loads at any tensor and pipeline size."""
         optimizer = get_optimizer_state_dict(self.model, self.optimizers, options=_FLAT_OPTIMIZER)
-        optimizer = {self._optimizer_key(k, self.model.stage.to_global): v for k, v in optimizer.items()}
+        optimizer = {self._optimizer_key(k, self.model.to_global_name): v for k, v in optimizer.items()}
         return {"model": self.model.hf_state_dict(merged=False) | self.model.hf_adapter_state_dict(),
                 "optimizer": tp_shards.optimizer_state_to_global(optimizer, self.tp_mesh)}
 
     def _restore_checkpoint_state(self, state: dict) -> None:
         self.model.load_hf_state_dict(state["model"])
         optimizer = tp_shards.optimizer_state_to_local(state["optimizer"])
-        optimizer = {self._optimizer_key(k, self.model.stage.to_local): v for k, v in optimizer.items()}
+        optimizer = {self._optimizer_key(k, self.model.to_local_name): v for k, v in optimizer.items()}
         set_optimizer_state_dict(self.model, self.optimizers, optimizer, options=_FLAT_OPTIMIZER)
 
     @staticmethod

@@ -73,7 +73,7 @@ def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0, variant: str = "b
 
 def tiny_model_config(tokenizer, family: str = "llama", **overrides):
     """Config of a ~100k-parameter model (head_dim 32, as vLLM's CPU kernels need >= 32)."""
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, MixtralConfig, Qwen2Config
 
     common = dict(
         vocab_size=len(tokenizer),
@@ -91,13 +91,17 @@ def tiny_model_config(tokenizer, family: str = "llama", **overrides):
         bos_token_id=None,
         dtype="float32",
     )
+    if family == "mixtral":  # Llama attention; a mixture of 4 SwiGLU experts (top 2) instead of the MLP
+        common |= {"intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2}
     common.update(overrides)
     if family == "llama":
         return LlamaConfig(**common)
     if family == "qwen2":
         common.pop("head_dim")
         return Qwen2Config(**common)
-    raise ValueError(f"unknown tiny model family {family!r}; use 'llama' or 'qwen2'")
+    if family == "mixtral":
+        return MixtralConfig(**common)
+    raise ValueError(f"unknown tiny model family {family!r}; use 'llama', 'qwen2' or 'mixtral'")
 
 
 def build_tiny_model(tokenizer, family: str = "llama", seed: int = 0, **overrides):
