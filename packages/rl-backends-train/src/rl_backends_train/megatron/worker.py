@@ -57,8 +57,9 @@ def check_megatron_config(cfg: TrainBackendConfig) -> None:
         unsupported.append(f"lora.target_modules {unknown} (it adapts {', '.join(lora.HF_PROJECTIONS)}; "
                            "use backend=dtensor for other nn.Linear names)")
     if cfg.sequence_parallel:
-        unsupported.append("sequence_parallel (use backend=dtensor; Megatron's sequence-parallel collectives "
-                           "allocate on CUDA)")
+        unsupported.append("sequence_parallel (use backend=dtensor; megatron-core's local layer spec normalises "
+                           "with its torch norm wrapper, which refuses sequence parallel: it needs Apex or "
+                           "Transformer Engine norms)")
     if unsupported:
         raise ValueError("the Megatron backend does not support: " + "; ".join(unsupported))
 
