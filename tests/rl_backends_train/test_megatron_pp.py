@@ -1,7 +1,7 @@
 """Pipeline parallelism of the Megatron-core backend on CPU (gloo, megatron-core 0.16.1's 1F1B
 schedule): PP=2 against PP=1 (logprobs, top-k, steps with several micro-batches, weights in HF
 names), tied embeddings (a copy on the last stage; with recompute), checkpoints across pipeline
-sizes, the config errors, shared-prompt packing; PP=4, TP=2 x PP=2 and DP=2 x PP=2 with packing, and LoRA. The four-rank
+sizes, the config errors, shared-prompt packing; PP=4, PP=4 x 2 virtual stages, TP=2 x PP=2 and DP=2 x PP=2 with packing, and LoRA. The four-rank
 and LoRA cases are marked ``slow`` (Ray actor start-up dominates their time on 2 cores)."""
 
 from __future__ import annotations
@@ -113,12 +113,38 @@ def test_shared_prompt_packing_over_two_stages(ray_session, tiny_model_dir):
     assert_same_run(pp2, pp1)
 
 
-@pytest.mark.slow  # four Ray ranks
-def test_four_stages(ray_session, tmp_path_factory, batches):
-    """Two middle stages, which receive and send in both directions."""
+@pytest.fixture(scope="module")
+def four_layer_dir(tmp_path_factory):
     from rl_core.models import save_tiny_model
 
-    model_dir = str(save_tiny_model(tmp_path_factory.mktemp("tiny-llama-4"), family="llama", num_hidden_layers=4))
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny-llama-4"), family="llama", num_hidden_layers=4))
+
+
+@pytest.mark.slow  # four Ray ranks
+def test_virtual_pipeline_stages(ray_session, tmp_path_factory, batches, tmp_path):
+    """PP 4 x 2 virtual stages of an 8-layer model: rank r holds layers r and r + 4 (one per chunk), run
+    by megatron-core's interleaved schedule; 8 rows in micro-batches of 3 make 3 micro-batches,
+    topped up to 8 (a multiple of PP, at least 2 x PP) with dummies. Equal to one rank; the checkpoint
+    resumes there."""
+    from rl_core.models import save_tiny_model
+
+    model_dir = str(save_tiny_model(tmp_path_factory.mktemp("tiny-llama-8"), family="llama", num_hidden_layers=8))
+    cfg = megatron(num_workers=4, pipeline_parallel_size=4, virtual_pipeline_parallel_size=2, micro_batch_size=3)
+    with build_training_backend(cfg, model_dir) as policy:
+        vpp = two_steps(policy, batches, checkpoint=str(tmp_path / "ckpt"))
+    with build_training_backend(megatron(micro_batch_size=3), model_dir) as policy:
+        pp1 = two_steps(policy, batches)
+        assert policy.load(str(tmp_path / "ckpt")) == 1
+        resumed = policy.train(batches[1], MaskedNLL()), dict(policy.named_weights())
+    assert_same_run(vpp, pp1)
+    assert_same_step(resumed[0], vpp["next_step"])
+    assert_same_weights(resumed[1], vpp["next_weights"])
+
+
+@pytest.mark.slow  # four Ray ranks
+def test_four_stages(ray_session, four_layer_dir, batches):
+    """Two middle stages, which receive and send in both directions."""
+    model_dir = four_layer_dir
     with build_training_backend(megatron(num_workers=4, pipeline_parallel_size=4), model_dir) as policy:
         pp4 = two_steps(policy, batches)
     with build_training_backend(megatron(), model_dir) as policy:
@@ -142,7 +168,7 @@ def test_lora_over_two_stages(ray_session, tiny_model_dir, batches, tmp_path):
     assert_same_weights(adapters_2, adapters_1, atol=1e-6)
 
 
-def test_pipeline_config_errors(tiny_model_dir):
+def test_pipeline_config_errors(tiny_model_dir, four_layer_dir):
     with pytest.raises(ValueError, match="pipeline_parallel_size=2 is not supported by backend=dtensor"):
         TrainBackendConfig(num_workers=2, pipeline_parallel_size=2)
     with pytest.raises(ValueError, match="= 4 must divide num_workers=2"):
@@ -151,6 +177,12 @@ def test_pipeline_config_errors(tiny_model_dir):
     assert cfg.data_parallel_size == 1
     with pytest.raises(ValueError, match="pipeline_parallel_size=3 must divide num_hidden_layers=2"):
         build_training_backend(cfg, tiny_model_dir)  # in the driver, before any worker starts
+    with pytest.raises(ValueError, match="virtual_pipeline_parallel_size=2 needs pipeline_parallel_size >= 3"):
+        TrainBackendConfig(backend="megatron", num_workers=2, pipeline_parallel_size=2, virtual_pipeline_parallel_size=2)
+    cfg = TrainBackendConfig(backend="megatron", num_workers=4, pipeline_parallel_size=4, virtual_pipeline_parallel_size=2)
+    with pytest.raises(ValueError, match="pipeline_parallel_size=4 x virtual_pipeline_parallel_size=2 must divide "
+                                         "num_hidden_layers=4"):
+        build_training_backend(cfg, four_layer_dir)
 
 
 def test_stage_names():

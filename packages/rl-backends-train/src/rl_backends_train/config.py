@@ -95,6 +95,11 @@ class TrainBackendConfig(StrictModel):
     consecutive decoder layers (the first also the embedding, the last the final norm and the output
     layer), run with megatron-core's 1F1B schedule over the micro-batches. num_hidden_layers must divide
     by it. backend=dtensor: 1 only (a larger value is a config error)."""
+    virtual_pipeline_parallel_size: int = Field(1, gt=0)
+    """backend=megatron, pipeline_parallel_size >= 3: model chunks per pipeline rank (megatron-core's
+    virtual pipeline stages, its ``virtual_pipeline_model_parallel_size``), run by its interleaved
+    schedule; shrinks the pipeline bubble by this factor. pipeline x virtual size must divide
+    num_hidden_layers."""
     context_parallel_size: int = Field(1, gt=0)
     """backend=megatron only: ranks that split every sequence's positions (two chunks of 1 / (2 x cp)
     of the width each, balanced for causal attention); each attention layer all-gathers keys and
@@ -149,6 +154,12 @@ class TrainBackendConfig(StrictModel):
                 f"pipeline_parallel_size={self.pipeline_parallel_size} is not supported by backend=dtensor: set "
                 "backend=megatron (pipeline stages with megatron-core's schedule), or pipeline_parallel_size=1 "
                 "and split the model with tensor_parallel_size")
+        if self.virtual_pipeline_parallel_size > 1 and self.pipeline_parallel_size < 3:
+            raise ValueError(
+                f"virtual_pipeline_parallel_size={self.virtual_pipeline_parallel_size} needs pipeline_parallel_size >= 3 "
+                f"(got {self.pipeline_parallel_size}; backend=megatron): it splits each pipeline stage into model "
+                "chunks, and with 2 stages a rank's previous and next stage are the same rank, whose activation and "
+                "gradient transfers in megatron-core's interleaved schedule were paired wrongly (gloo)")
         if self.context_parallel_size > 1 and self.backend == "dtensor":
             raise ValueError(
                 f"context_parallel_size={self.context_parallel_size} is not supported by backend=dtensor: set "

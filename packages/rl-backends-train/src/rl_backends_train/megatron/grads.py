@@ -21,20 +21,22 @@ def reduce_gradients(model: MegatronCausalLM, trainable: list[torch.nn.Parameter
     expert's over ``expert_dp_group``, the ranks holding the same experts); with tied embeddings split over pipeline
     stages, sum the gradients of the first stage's embedding and the last stage's copy over
     Megatron's embedding group, so both copies take the same step (as one shared tensor would)."""
-    expert_params = {id(p) for name, p in model.gpt.named_parameters() if experts.is_expert(name)}
+    expert_params = {id(p) for chunk in model.model_chunks for name, p in chunk.gpt.named_parameters()
+                     if experts.is_expert(name)}
     for param in trainable:
         group = expert_dp_group if id(param) in expert_params else dp_group
         if param.grad is not None and dist.get_world_size(group) > 1:
             dist.all_reduce(param.grad, group=group)
-    stage = model.stage
-    if stage.tied_embeddings and stage.size > 1 and (stage.first or stage.last):
-        from megatron.core import parallel_state
+    for chunk in model.model_chunks:  # of a rank's chunks, at most one is first or last
+        stage = chunk.stage
+        if stage.tied_embeddings and stage.size > 1 and (stage.first or stage.last):
+            from megatron.core import parallel_state
 
-        weight = model.gpt.embedding.word_embeddings.weight if stage.first else model.gpt.output_layer.weight
-        if weight.requires_grad:  # frozen under LoRA, on both stages alike
-            if weight.grad is None:
-                weight.grad = torch.zeros_like(weight)
-            dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+            weight = chunk.gpt.embedding.word_embeddings.weight if stage.first else chunk.gpt.output_layer.weight
+            if weight.requires_grad:  # frozen under LoRA, on both stages alike
+                if weight.grad is None:
+                    weight.grad = torch.zeros_like(weight)
+                dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
 
 
 def clip_grad_norm(model: MegatronCausalLM, max_norm: float | None, tp_group, pp_group, ep_group=None) -> float:
@@ -48,19 +50,20 @@ def clip_grad_norm(model: MegatronCausalLM, max_norm: float | None, tp_group, pp
     replicated = torch.zeros((), dtype=torch.float64, device=device)
     expert = torch.zeros((), dtype=torch.float64, device=device)
     grads = []
-    for name, param in model.gpt.named_parameters():
-        if param.grad is None:
-            continue
-        grads.append(param.grad)
-        if model.stage.holds_tied_copy and name == "output_layer.weight":
-            continue
-        sq = param.grad.detach().double().pow(2).sum()
-        if ep_group is not None and experts.is_expert(name):
-            expert += sq
-        elif tp_shards.shard_dim(name) is None:
-            replicated += sq
-        else:
-            sharded += sq
+    for chunk in model.model_chunks:
+        for name, param in chunk.gpt.named_parameters():
+            if param.grad is None:
+                continue
+            grads.append(param.grad)
+            if chunk.stage.holds_tied_copy and name == "output_layer.weight":
+                continue
+            sq = param.grad.detach().double().pow(2).sum()
+            if ep_group is not None and experts.is_expert(name):
+                expert += sq
+            elif tp_shards.shard_dim(name) is None:
+                replicated += sq
+            else:
+                sharded += sq
     if dist.get_world_size(tp_group) > 1:
         dist.all_reduce(sharded, group=tp_group)
     if ep_group is not None:

@@ -46,7 +46,8 @@ def rope_theta(config) -> float:
 
 
 def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-                       context_parallel_size: int = 1, expert_parallel_size: int = 1, recompute: bool = False):
+                       context_parallel_size: int = 1, expert_parallel_size: int = 1, recompute: bool = False,
+                       virtual_pipeline_size: int = 1):
     """megatron-core TransformerConfig equal to the HF model (RMSNorm, SwiGLU, RoPE, GQA).
 
     ``recompute``: Megatron's full recompute of every decoder layer in backward (``uniform``, one
@@ -97,6 +98,8 @@ def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: i
             # (by the number of micro-batches, or by a token count).
             "calculate_per_token_loss": True,
         }
+        if virtual_pipeline_size > 1:
+            pipeline_kwargs["virtual_pipeline_model_parallel_size"] = virtual_pipeline_size
     return TransformerConfig(
         tensor_model_parallel_size=tensor_parallel_size,
         context_parallel_size=context_parallel_size,
@@ -132,7 +135,9 @@ class MegatronCausalLM(nn.Module):
     """A GPTModel (local layer spec) with an HF causal-LM calling convention: this rank's
     tensor-parallel shard of its pipeline stage (the whole model with TP = PP = 1)."""
 
-    def __init__(self, hf_config, dtype: torch.dtype, *, recompute: bool = False) -> None:
+    def __init__(self, hf_config, dtype: torch.dtype, *, recompute: bool = False, chunk: int = 0,
+                 chunks: int = 1) -> None:
+        """``chunk`` / ``chunks``: this model chunk of the rank's ``chunks`` (virtual pipeline stages)."""
         super().__init__()
         from megatron.core import parallel_state
         from megatron.core.models.gpt import GPTModel
@@ -154,7 +159,7 @@ class MegatronCausalLM(nn.Module):
                                            experts.num_experts(hf_config))
         experts.check_fits(hf_config, ep_size)
         tp_shards.check_fits(hf_config, self.tp_size)
-        stages.check_fits(hf_config, pp_size)
+        stages.check_fits(hf_config, pp_size, chunks)
         tied = bool(hf_config.tie_word_embeddings)
         if self.experts.num_experts:
             experts.patch_router_without_transformer_engine()
@@ -164,12 +169,14 @@ class MegatronCausalLM(nn.Module):
             layer_spec.submodules.self_attention.submodules.core_attention = context.attention_class()
         self.gpt = GPTModel(
             transformer_config(hf_config, dtype, tensor_parallel_size=self.tp_size, pipeline_parallel_size=pp_size,
-                               context_parallel_size=self.cp_size, expert_parallel_size=ep_size, recompute=recompute),
+                               context_parallel_size=self.cp_size, expert_parallel_size=ep_size, recompute=recompute,
+                               virtual_pipeline_size=chunks),
             layer_spec,
             vocab_size=hf_config.vocab_size,
             max_sequence_length=hf_config.max_position_embeddings,
-            pre_process=pp_rank == 0,
-            post_process=pp_rank == pp_size - 1,
+            pre_process=pp_rank == 0 and chunk == 0,
+            post_process=pp_rank == pp_size - 1 and chunk == chunks - 1,
+            vp_stage=chunk if chunks > 1 else None,
             position_embedding_type="rope",
             rotary_base=int(rope_theta(hf_config)),
             # With several stages the last one keeps its own copy of tied embeddings (stages.py), loaded
@@ -177,7 +184,7 @@ class MegatronCausalLM(nn.Module):
             # all-reduce after moving it to CUDA) is not needed then.
             share_embeddings_and_output_weights=tied and pp_size == 1,
         )
-        self.stage = stages.stage_of(self.gpt, pp_rank, pp_size, tied)
+        self.stage = stages.stage_of(self.gpt, pp_rank, pp_size, tied, chunk, chunks)
         self.gpt.rotary_pos_emb = PositionedRotary(self.gpt.rotary_pos_emb)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -303,6 +310,23 @@ class MegatronCausalLM(nn.Module):
     def _adapter_state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.gpt.state_dict().items() if lora.is_adapter_name(k)}
 
+    @property
+    def model_chunks(self) -> list[MegatronCausalLM]:
+        return [self]
+
+    @property
+    def holds_tied_copy(self) -> bool:
+        return self.stage.holds_tied_copy
+
+    def global_fqn(self, fqn: str) -> str:
+        """A parameter's FQN in this module (``gpt.<name>``) -> ``gpt.<name in the whole model>``
+        (optimizer-state keys of checkpoints)."""
+        return "gpt." + self.to_global_name(fqn.removeprefix("gpt."))
+
+    def local_fqn(self, fqn: str) -> str:
+        """Inverse of ``global_fqn``."""
+        return "gpt." + self.to_local_name(fqn.removeprefix("gpt."))
+
     def to_global_name(self, name: str) -> str:
         """A tensor name of this rank's GPTModel -> its name in the whole model (layers of every
         pipeline stage, experts of every expert-parallel rank)."""
@@ -339,6 +363,51 @@ class MegatronCausalLM(nn.Module):
 
     def _gather_adapters(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {lora.hf_adapter_name(k): tp_shards.gather_full(k, v, self.tp_group) for k, v in local.items()}
+
+
+class ModelChunks(nn.Module):
+    """The model chunks of one pipeline rank with virtual pipeline stages (megatron-core's interleaved
+    schedule), with ``MegatronCausalLM``'s weight, name and state views over all of them. Calls that
+    run the model go to a chunk (``pipeline.py`` picks it)."""
+
+    def __init__(self, chunks: list[MegatronCausalLM]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(chunks)
+        self.config = chunks[0].config
+
+    @property
+    def model_chunks(self) -> list[MegatronCausalLM]:
+        return list(self.parts)
+
+    @property
+    def holds_tied_copy(self) -> bool:
+        return any(c.stage.holds_tied_copy for c in self.model_chunks)
+
+    def hf_shapes(self) -> dict[str, torch.Tensor]:
+        return {k: v for c in self.model_chunks for k, v in c.hf_shapes().items()}
+
+    def hf_state_dict(self, names: list[str] | None = None, *, merged: bool = True) -> dict[str, torch.Tensor]:
+        return {k: v for c in self.model_chunks for k, v in c.hf_state_dict(names, merged=merged).items()}
+
+    def hf_adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v for c in self.model_chunks for k, v in c.hf_adapter_state_dict().items()}
+
+    def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        for c in self.model_chunks:
+            c.load_hf_state_dict(state_dict)
+
+    def global_fqn(self, fqn: str) -> str:
+        """``parts.<v>.gpt.<name>`` -> ``gpt.<name in the whole model>``."""
+        _, v, rest = fqn.split(".", 2)
+        return self.model_chunks[int(v)].global_fqn(rest)
+
+    def local_fqn(self, fqn: str) -> str:
+        name = fqn.removeprefix("gpt.")
+        for v, c in enumerate(self.model_chunks):
+            local = c.to_local_name(name)
+            if local is not None:
+                return f"parts.{v}.gpt.{local}"
+        raise KeyError(f"{fqn}: no model chunk of this rank holds it")
 
 
 class PositionedRotary(nn.Module):

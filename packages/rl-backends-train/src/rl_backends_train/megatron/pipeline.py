@@ -8,6 +8,12 @@ to the next stage and their gradients come back over Megatron's pipeline group (
 sends its shape first, ``variable_seq_lengths``, because micro-batches differ in rows and length).
 The same code runs on GPU (nccl) and on CPU (gloo, with ``cpu_shims`` 5).
 
+With ``virtual_pipeline_parallel_size`` V > 1 each rank holds V model chunks (``stages.py``) and
+``get_forward_backward_func()`` is the interleaved schedule
+(``forward_backward_pipelining_with_interleaving``): micro-batches go through the chunks in groups
+of P, so the pipeline bubble shrinks by V; the number of micro-batches is padded to a multiple of P
+with dummies (``worker.py``), as the schedule requires.
+
 Every stage of a pipeline sees the same data shard and plans the same micro-batches (dummies
 included), so the stages agree on each micro-batch's shape and mask. The first stage embeds the
 tokens, later ones start from the received activation; only the last computes ``ModelOutputs`` and
@@ -25,33 +31,37 @@ import torch
 import torch.distributed as dist
 
 from rl_backends_train.batching import MicroBatch, pack_rows
-from rl_backends_train.megatron.model import MegatronCausalLM
-from rl_backends_train.megatron.stages import PipelineStage
+from rl_backends_train.megatron.model import MegatronCausalLM, ModelChunks
 
 
 class PipelineSchedule:
     """Runs micro-batches through the stages of one pipeline (this rank's pipeline group)."""
 
-    def __init__(self, stage: PipelineStage, group, device: torch.device) -> None:
-        self.stage = stage
+    def __init__(self, size: int, group, device: torch.device) -> None:
         self.group = group
         self.device = device
-        self.last_rank = dist.get_global_rank(group, stage.size - 1)
+        self.last_rank = dist.get_global_rank(group, size - 1)
 
-    def run(self, model: MegatronCausalLM, micro_batches: list[MicroBatch],
-            on_outputs: Callable[[MicroBatch], torch.Tensor | None], *, forward_only: bool) -> None:
+    def run(self, model: MegatronCausalLM | ModelChunks, micro_batches: list[MicroBatch],
+            on_outputs: Callable[[MicroBatch, MegatronCausalLM], torch.Tensor | None], *, forward_only: bool) -> None:
         """Forward (and unless ``forward_only`` backward) of every micro-batch through every stage.
 
-        ``on_outputs(mb)`` runs on the last stage inside the forward of ``mb``: it computes the model
-        outputs (calling ``model``, which continues from the received activation) and returns the loss
-        to back-propagate (ignored when ``forward_only``)."""
+        ``on_outputs(mb, chunk)`` runs in the forward of ``mb`` through the model chunk holding the
+        output layer (the last stage's, its last chunk's): it computes the model outputs (calling
+        ``chunk``, which continues from the received activation) and returns the loss to
+        back-propagate (ignored when ``forward_only``). With several model chunks (virtual pipeline
+        stages) megatron-core's interleaved schedule runs them, one data iterator per chunk."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        def forward_step(data_iterator, _gpt):
+        chunks = model.model_chunks
+        by_gpt = {id(chunk.gpt): chunk for chunk in chunks}
+
+        def forward_step(data_iterator, gpt):
             mb = next(data_iterator)
-            if not self.stage.last:
-                return model(**stage_inputs(mb, self.device)).hidden_states, None
-            loss = on_outputs(mb)
+            chunk = by_gpt[id(gpt)]
+            if not chunk.stage.last:
+                return chunk(**stage_inputs(mb, self.device)).hidden_states, None
+            loss = on_outputs(mb, chunk)
             if forward_only:
                 # Not None: with MoE layers the schedule reads the output's device (for the auxiliary
                 # loss scale) even when nothing is back-propagated.
@@ -59,10 +69,11 @@ class PipelineSchedule:
             return loss, _per_token_loss
 
         first = micro_batches[0].batch["input_ids"]
+        several = len(chunks) > 1
         get_forward_backward_func()(
             forward_step_func=forward_step,
-            data_iterator=iter(micro_batches),
-            model=model.gpt,
+            data_iterator=[iter(micro_batches) for _ in chunks] if several else iter(micro_batches),
+            model=[chunk.gpt for chunk in chunks] if several else chunks[0].gpt,
             num_microbatches=len(micro_batches),
             seq_length=first.shape[1],  # unused with variable_seq_lengths: shapes travel with the tensors
             micro_batch_size=first.shape[0],

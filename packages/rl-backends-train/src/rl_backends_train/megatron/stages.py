@@ -7,6 +7,11 @@ the layers count from 0 (``decoder.layers.0`` of stage 1 is layer L/P of the mod
 **global** names renumber them as in a one-stage model, so HF names, LoRA's PEFT names and
 optimizer-state keys in checkpoints do not depend on the number of stages.
 
+With ``virtual_pipeline_parallel_size`` V (megatron-core's interleaved schedule) each rank holds V
+model chunks: chunk v of stage s builds layers ``(v * P + s) * L/(P*V) ..`` (L must divide by P x V).
+The first chunk of stage 0 embeds, the last chunk of stage P-1 holds the final norm and the output
+layer; each chunk is a ``PipelineStage`` with its ``chunk`` index.
+
 Tied embeddings (``tie_word_embeddings``): one stage shares one tensor between the embedding and the
 output layer. With several stages the last one holds its own copy as ``output_layer.weight``
 (megatron-core's layout), loaded from the same HF tensor; its global name is the embedding's,
@@ -32,14 +37,19 @@ class PipelineStage:
     """Global index of this stage's first decoder layer."""
     num_layers: int
     tied_embeddings: bool
+    chunk: int = 0
+    """This model chunk's index on its rank (virtual pipeline stage)."""
+    chunks: int = 1
 
     @property
     def first(self) -> bool:
-        return self.rank == 0
+        """Embeds the tokens: the first chunk of the first stage."""
+        return self.rank == 0 and self.chunk == 0
 
     @property
     def last(self) -> bool:
-        return self.rank == self.size - 1
+        """Holds the final norm and the output layer: the last chunk of the last stage."""
+        return self.rank == self.size - 1 and self.chunk == self.chunks - 1
 
     @property
     def holds_tied_copy(self) -> bool:
@@ -76,15 +86,20 @@ class PipelineStage:
         return 0 <= int(hf_name.split(".")[2]) - self.layer_offset < self.num_layers
 
 
-def stage_of(gpt, pipeline_rank: int, pipeline_size: int, tied_embeddings: bool) -> PipelineStage:
+def stage_of(gpt, pipeline_rank: int, pipeline_size: int, tied_embeddings: bool, chunk: int = 0,
+             chunks: int = 1) -> PipelineStage:
     """The stage a built GPTModel is (its layers know their global 1-based ``layer_number``)."""
     layers = gpt.decoder.layers
     offset = layers[0].layer_number - 1 if len(layers) else 0
-    return PipelineStage(pipeline_rank, pipeline_size, offset, len(layers), tied_embeddings)
+    return PipelineStage(pipeline_rank, pipeline_size, offset, len(layers), tied_embeddings, chunk, chunks)
 
 
-def check_fits(hf_config, pipeline_size: int) -> None:
+def check_fits(hf_config, pipeline_size: int, virtual_size: int = 1) -> None:
     layers = hf_config.num_hidden_layers
+    if virtual_size > 1 and layers % (pipeline_size * virtual_size):
+        raise ValueError(f"pipeline_parallel_size={pipeline_size} x virtual_pipeline_parallel_size={virtual_size} must "
+                         f"divide num_hidden_layers={layers} of the model (each model chunk holds the same number "
+                         "of decoder layers)")
     if layers % pipeline_size:
         raise ValueError(f"pipeline_parallel_size={pipeline_size} must divide num_hidden_layers={layers} of the "
                          "model (each pipeline stage holds the same number of decoder layers)")

@@ -33,12 +33,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from rl_backends_train.batching import dummy_micro_batch
 from rl_backends_train.config import TrainBackendConfig
 from rl_backends_train.dtensor.worker import DTensorWorker
 from rl_backends_train.lora import adapter_config, write_adapter
 from rl_backends_train.megatron import grads, lora, tp_shards
 from rl_backends_train.megatron.cpu_shims import apply_cpu_shims
-from rl_backends_train.megatron.model import MegatronCausalLM
+from rl_backends_train.megatron.model import MegatronCausalLM, ModelChunks
 from rl_backends_train.megatron.pipeline import PipelineSchedule
 from rl_backends_train.optim import build_optimizers, build_schedulers, clip_grad_norm
 
@@ -66,15 +67,20 @@ def check_megatron_config(cfg: TrainBackendConfig) -> None:
 
 def build_megatron_model(model_path: str, cfg: TrainBackendConfig, device: torch.device, *,
                          seed: int = 0) -> MegatronCausalLM:
-    """The GPTModel with the HF weights; with ``cfg.lora`` frozen, adapters added (A drawn from ``seed``)."""
+    """The GPTModel with the HF weights (with virtual pipeline stages: this rank's chunks of it); with
+    ``cfg.lora`` frozen, adapters added (A drawn from ``seed``)."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(model_path)
-    model = MegatronCausalLM(hf_config, _DTYPES[cfg.dtype], recompute=cfg.activation_checkpointing)
+    chunks = cfg.virtual_pipeline_parallel_size
+    parts = [MegatronCausalLM(hf_config, _DTYPES[cfg.dtype], recompute=cfg.activation_checkpointing, chunk=v,
+                              chunks=chunks) for v in range(chunks)]
+    model = parts[0] if chunks == 1 else ModelChunks(parts)
     model.load_hf_state_dict(_read_hf_weights(model_path, load_file))
     if cfg.lora is not None:
-        lora.apply_lora(model, cfg.lora, seed=seed)
+        for part in parts:  # each draws every layer's adapters in order and keeps its own
+            lora.apply_lora(part, cfg.lora, seed=seed)
     return model.to(device)
 
 
@@ -98,7 +104,7 @@ def check_model_fits(cfg: TrainBackendConfig, model_path: str) -> None:
     from rl_backends_train.megatron import experts, stages
 
     hf_config = AutoConfig.from_pretrained(model_path)
-    stages.check_fits(hf_config, cfg.pipeline_parallel_size)
+    stages.check_fits(hf_config, cfg.pipeline_parallel_size, cfg.virtual_pipeline_parallel_size)
     experts.check_fits(hf_config, cfg.expert_parallel_size)
     if experts.num_experts(hf_config) and cfg.tensor_parallel_size > 1:
         raise ValueError(f"tensor_parallel_size={cfg.tensor_parallel_size} with a mixture-of-experts model is not "
@@ -115,7 +121,7 @@ _groups_made_in = None  # the default process group Megatron's groups were made 
 
 
 def init_model_parallel(tensor_parallel_size: int, pipeline_parallel_size: int = 1, context_parallel_size: int = 1,
-                        expert_parallel_size: int = 1) -> None:
+                        expert_parallel_size: int = 1, virtual_pipeline_size: int = 1) -> None:
     """Megatron's process groups (order tp-cp-ep-dp-pp: tensor-parallel ranks are neighbours, the
     pipeline stage varies slowest). Made again when the sizes differ, or when the default process
     group is a new one (in-process workers re-create it after the last one shut down)."""
@@ -127,13 +133,16 @@ def init_model_parallel(tensor_parallel_size: int, pipeline_parallel_size: int =
                 and parallel_state.get_tensor_model_parallel_world_size() == tensor_parallel_size
                 and parallel_state.get_pipeline_model_parallel_world_size() == pipeline_parallel_size
                 and parallel_state.get_context_parallel_world_size() == context_parallel_size
-                and parallel_state.get_expert_model_parallel_world_size() == expert_parallel_size):
+                and parallel_state.get_expert_model_parallel_world_size() == expert_parallel_size
+                and (parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1) == virtual_pipeline_size):
             return
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel_size,
                                              pipeline_model_parallel_size=pipeline_parallel_size,
                                              context_parallel_size=context_parallel_size,
-                                             expert_model_parallel_size=expert_parallel_size)
+                                             expert_model_parallel_size=expert_parallel_size,
+                                             virtual_pipeline_model_parallel_size=(virtual_pipeline_size
+                                                                                   if virtual_pipeline_size > 1 else None))
     _groups_made_in = dist.group.WORLD
 
 
@@ -153,7 +162,7 @@ class MegatronWorker(DTensorWorker):
         if dist.get_world_size() != cfg.num_workers:
             raise ValueError(f"world size {dist.get_world_size()} != num_workers {cfg.num_workers}")
         init_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.context_parallel_size,
-                            cfg.expert_parallel_size)
+                            cfg.expert_parallel_size, cfg.virtual_pipeline_parallel_size)
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         # Gradients are summed over data x context parallel ranks: a CP rank's covers its positions.
@@ -179,7 +188,7 @@ class MegatronWorker(DTensorWorker):
         self.model = build_megatron_model(model_path, cfg, self.device, seed=seed)
         self.pipeline = None
         if cfg.pipeline_parallel_size > 1:
-            self.pipeline = PipelineSchedule(self.model.stage, self.pp_group, self.device)
+            self.pipeline = PipelineSchedule(cfg.pipeline_parallel_size, self.pp_group, self.device)
         self.hf_shapes = self._whole_model_hf_shapes()
         self.hf_config = self.model.config
         self.model_class = _hf_causal_lm_class(self.hf_config)
@@ -261,8 +270,20 @@ class MegatronWorker(DTensorWorker):
         if self.pipeline is None:
             super()._run_micro_batches(model, mbs, on_outputs, backward=backward, **output_kwargs)
             return
-        self.pipeline.run(model, mbs, lambda mb: on_outputs(mb, self._outputs(model, mb, **output_kwargs)),
+        self.pipeline.run(model, mbs, lambda mb, chunk: on_outputs(mb, self._outputs(chunk, mb, **output_kwargs)),
                           forward_only=not backward)
+
+    def _micro_batches(self, local):
+        """With virtual pipeline stages, dummies fill up to a multiple of the pipeline size P
+        (megatron-core's interleaved schedule runs micro-batches in groups of P) and to at least 2 x P:
+        with fewer, every micro-batch falls in the schedule's warm-up phase, which hung on gloo (PP 4 x
+        VP 2 with 4 micro-batches; 8 ran)."""
+        mbs = super()._micro_batches(local)
+        if self.cfg.virtual_pipeline_parallel_size > 1:
+            p = self.cfg.pipeline_parallel_size
+            wanted = max(2 * p, len(mbs) + (-len(mbs) % p))
+            mbs += [dummy_micro_batch(local, self.cfg.packing.enabled)] * (wanted - len(mbs))
+        return mbs
 
     def _from_last_stage(self, value):
         return value if self.pipeline is None else self.pipeline.from_last_stage(value)
@@ -286,29 +307,29 @@ class MegatronWorker(DTensorWorker):
         whole model (``stages.PipelineStage.to_global``), tensor-parallel shards as DTensors (see
         ``tp_shards``): a checkpoint loads at any tensor and pipeline size."""
         optimizer = get_optimizer_state_dict(self.model, self.optimizers, options=_FLAT_OPTIMIZER)
-        optimizer = {self._optimizer_key(k, self.model.to_global_name): v for k, v in optimizer.items()}
+        optimizer = {self._optimizer_key(k, self.model.global_fqn): v for k, v in optimizer.items()}
         return {"model": self.model.hf_state_dict(merged=False) | self.model.hf_adapter_state_dict(),
                 "optimizer": tp_shards.optimizer_state_to_global(optimizer, self.tp_mesh)}
 
     def _restore_checkpoint_state(self, state: dict) -> None:
         self.model.load_hf_state_dict(state["model"])
         optimizer = tp_shards.optimizer_state_to_local(state["optimizer"])
-        optimizer = {self._optimizer_key(k, self.model.to_local_name): v for k, v in optimizer.items()}
+        optimizer = {self._optimizer_key(k, self.model.local_fqn): v for k, v in optimizer.items()}
         set_optimizer_state_dict(self.model, self.optimizers, optimizer, options=_FLAT_OPTIMIZER)
 
     @staticmethod
     def _optimizer_key(key: str, rename) -> str:
-        """``state.gpt.<name>.<entry>`` / ``param_groups.gpt.<name>.<entry>`` with ``<name>`` renamed."""
+        """``state.<fqn>.<entry>`` / ``param_groups.<fqn>.<entry>`` with the parameter's ``<fqn>`` renamed."""
         section, fqn = key.split(".", 1)
         fqn, entry = fqn.rsplit(".", 1)
-        return f"{section}.gpt.{rename(fqn.removeprefix('gpt.'))}.{entry}"
+        return f"{section}.{rename(fqn)}.{entry}"
 
     def _whole_model_hf_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """HF name -> (full shape, dtype) of the whole model (every stage's, gathered once at start);
         ``stage_hf_names``: the names this stage sends for refit and export."""
         ours = {name: (tuple(t.shape), t.dtype) for name, t in self.model.hf_shapes().items()}
         self.stage_hf_names = set(ours)
-        if self.model.stage.holds_tied_copy:
+        if self.model.holds_tied_copy:
             self.stage_hf_names.discard("model.embed_tokens.weight")  # the first stage sends it
         if self.pipeline is None:
             return ours
