@@ -33,6 +33,9 @@ def test_unsupported_megatron_options_fail_before_start(tiny_model_dir):
     cfg = TrainBackendConfig(backend="megatron", num_workers=2, tensor_parallel_size=2, sequence_parallel=True)
     with pytest.raises(ValueError, match="does not support: sequence_parallel"):
         build_training_backend(cfg, tiny_model_dir)
+    cfg = TrainBackendConfig(backend="megatron", num_workers=2, tensor_parallel_size=2, optimizer={"name": "muon"})
+    with pytest.raises(ValueError, match="does not support: optimizer muon with tensor_parallel_size > 1"):
+        build_training_backend(cfg, tiny_model_dir)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

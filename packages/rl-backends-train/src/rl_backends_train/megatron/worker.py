@@ -61,6 +61,9 @@ def check_megatron_config(cfg: TrainBackendConfig) -> None:
         unsupported.append("sequence_parallel (use backend=dtensor; megatron-core's local layer spec normalises "
                            "with its torch norm wrapper, which refuses sequence parallel: it needs Apex or "
                            "Transformer Engine norms)")
+    if cfg.optimizer.name == "muon" and cfg.tensor_parallel_size > 1:
+        unsupported.append("optimizer muon with tensor_parallel_size > 1 (Muon would orthogonalise each rank's shard "
+                           "of a split weight, not the whole matrix; use adamw, or tensor_parallel_size=1)")
     if unsupported:
         raise ValueError("the Megatron backend does not support: " + "; ".join(unsupported))
 
