@@ -1,5 +1,6 @@
 """The Megatron-core backend on CPU (megatron-core 0.16.1) against the DTensor backend and itself:
-mapping, steps, packing, checkpoints, data and tensor parallel (gloo), activation recompute."""
+mapping, steps, packing, checkpoints, data and tensor parallel (gloo, also with sequence parallel),
+activation recompute."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def test_unsupported_megatron_options_fail_before_start(tiny_model_dir):
     cfg = TrainBackendConfig(backend="megatron", use_ray=False, task="reward_model")
     with pytest.raises(ValueError, match="does not support: task='reward_model'"):
         build_training_backend(cfg, tiny_model_dir)
-    cfg = TrainBackendConfig(backend="megatron", num_workers=2, tensor_parallel_size=2, sequence_parallel=True)
-    with pytest.raises(ValueError, match="does not support: sequence_parallel"):
+    cfg = TrainBackendConfig(backend="megatron", num_workers=2, tensor_parallel_size=2, sequence_parallel=True,
+                             lora={"rank": 4})
+    with pytest.raises(ValueError, match="does not support: sequence_parallel with lora"):
         build_training_backend(cfg, tiny_model_dir)
     cfg = TrainBackendConfig(backend="megatron", num_workers=2, tensor_parallel_size=2, optimizer={"name": "muon"})
     with pytest.raises(ValueError, match="does not support: optimizer muon with tensor_parallel_size > 1"):
@@ -239,3 +241,23 @@ def test_megatron_tensor_parallel_2_equals_1(ray_session, tiny_tp_dir, skewed_le
     assert next_step["loss"] == pytest.approx(expected_next["loss"], rel=1e-6)
     for name in expected_weights:
         torch.testing.assert_close(weights[name], expected_weights[name], rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_megatron_sequence_parallel_equals_one_rank(ray_session, tiny_tp_dir, skewed_lengths, layout):
+    """TP 2 with sequence parallel: the norms and the residual stream hold half of the positions
+    (widths padded to even inside the model), Megatron's layers all-gather / reduce-scatter around
+    attention and MLP, norm-weight gradients are summed over TP. Two steps equal one rank."""
+    pytest.importorskip("megatron.core")
+    from backend_testlib import assert_same_run, two_steps
+
+    batches = make_batch(VOCAB, skewed_lengths), make_batch(VOCAB, skewed_lengths[::-1], seed=1)
+    extra = {"packing": {"enabled": True, "max_tokens_per_micro_batch": 47}} if layout == "packed" else {}
+    fields = BASE | {"micro_batch_size": 3} | extra
+    sp = TrainBackendConfig(backend="megatron", **(fields | {"use_ray": True, "num_workers": 2, "tensor_parallel_size": 2,
+                                                             "sequence_parallel": True}))
+    with build_training_backend(sp, tiny_tp_dir) as policy:
+        two = two_steps(policy, batches)
+    with build_training_backend(TrainBackendConfig(backend="megatron", **fields), tiny_tp_dir) as policy:
+        one = two_steps(policy, batches)
+    assert_same_run(two, one)

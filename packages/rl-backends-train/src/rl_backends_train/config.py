@@ -109,9 +109,10 @@ class TrainBackendConfig(StrictModel):
     experts. They are data-parallel ranks (it must divide the data-parallel size): each runs its own
     rows and exchanges tokens with the others (all-to-all) to reach their experts."""
     sequence_parallel: bool = False
-    """DTensor backend, tensor_parallel_size > 1 only: the norms and the residual stream between the
-    attention/MLP blocks are sharded over the sequence dimension across the tensor-parallel ranks
-    (activation memory / tp there; all-gather + reduce-scatter instead of all-reduce)."""
+    """tensor_parallel_size > 1 only (both backends; not with LoRA on megatron): the norms and the
+    residual stream between the attention/MLP blocks are sharded over the sequence dimension across
+    the tensor-parallel ranks (activation memory / tp there; all-gather + reduce-scatter instead of
+    all-reduce)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Parameter dtype on CPU; on GPU the compute dtype (parameters kept fp32, reductions fp32)."""
     task: Literal["causal_lm", "reward_model"] = "causal_lm"

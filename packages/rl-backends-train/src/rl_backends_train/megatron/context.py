@@ -43,10 +43,6 @@ def gathered_order(width: int, size: int) -> torch.Tensor:
     return torch.cat([split_index(width, size, r) for r in range(size)])
 
 
-def padded_width(width: int, size: int) -> int:
-    return width + (-width % (2 * size))
-
-
 class _Gather(torch.autograd.Function):
     """All-gather ``x`` along ``dim`` over ``group`` (ranks in order). Backward: this rank's slice of
     the gradient, summed over the group first when ``sum_grads``."""

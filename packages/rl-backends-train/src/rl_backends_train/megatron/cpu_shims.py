@@ -27,6 +27,10 @@ Applied only when CUDA is absent (``apply_cpu_shims`` is a no-op on a GPU machin
    ``cuda.Stream()`` / ``current_stream()`` / ``stream()`` are a stream that does nothing (CPU work
    runs in order), and the dispatcher's host copy of the split sizes (a no-op for CPU tensors in
    megatron-core) makes them numpy arrays as it does for CUDA tensors.
+7. Sequence parallel: the gathers and reduce-scatters of ``tensor_parallel/mappings.py`` (shim 6's
+   ``torch``) and the backward of the tensor-parallel linears (``tensor_parallel/layers.py``, which
+   all-gathers the sequence-sharded input into a buffer on ``torch.cuda.current_device()``) get
+   ``_TorchWithoutCuda`` as well.
 """
 
 from __future__ import annotations
@@ -108,6 +112,7 @@ def apply_cpu_shims() -> bool:
     from megatron.core import utils as mcore_utils
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from megatron.core.pipeline_parallel import p2p_communication, schedules
+    from megatron.core.tensor_parallel import layers as tp_layers
     from megatron.core.tensor_parallel import mappings
     from megatron.core.tensor_parallel import random as mcore_random
     from megatron.core.transformer.moe import router, token_dispatcher
@@ -152,7 +157,7 @@ def apply_cpu_shims() -> bool:
     mcore_random._get_all_rng_states = get_rng_states_without_cuda
     mcore_random._set_all_rng_states = set_rng_states_without_cuda
     schedules.torch = p2p_communication.torch = _TorchWithoutCuda()
-    router.torch = token_dispatcher.torch = mappings.torch = _TorchWithoutCuda()
+    router.torch = token_dispatcher.torch = mappings.torch = tp_layers.torch = _TorchWithoutCuda()
     token_dispatcher.maybe_move_tensor_to_cpu = splits_to_host
     _applied = True
     return True

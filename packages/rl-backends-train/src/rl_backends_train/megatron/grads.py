@@ -16,11 +16,16 @@ from rl_backends_train.megatron.model import MegatronCausalLM
 
 
 def reduce_gradients(model: MegatronCausalLM, trainable: list[torch.nn.Parameter], dp_group,
-                     expert_dp_group=None) -> None:
+                     expert_dp_group=None, tp_group=None) -> None:
     """Sum each gradient over the data-parallel ranks (``dp_group``: data x context parallel; an
     expert's over ``expert_dp_group``, the ranks holding the same experts); with tied embeddings split over pipeline
     stages, sum the gradients of the first stage's embedding and the last stage's copy over
     Megatron's embedding group, so both copies take the same step (as one shared tensor would)."""
+    # Sequence parallel: a norm weight's gradient covers this rank's positions only; sum over TP.
+    if tp_group is not None and dist.get_world_size(tp_group) > 1:
+        for param in trainable:
+            if getattr(param, "sequence_parallel", False) and param.grad is not None:
+                dist.all_reduce(param.grad, group=tp_group)
     expert_params = {id(p) for chunk in model.model_chunks for name, p in chunk.gpt.named_parameters()
                      if experts.is_expert(name)}
     for param in trainable:

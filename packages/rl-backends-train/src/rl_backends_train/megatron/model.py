@@ -47,7 +47,7 @@ def rope_theta(config) -> float:
 
 def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
                        context_parallel_size: int = 1, expert_parallel_size: int = 1, recompute: bool = False,
-                       virtual_pipeline_size: int = 1):
+                       virtual_pipeline_size: int = 1, sequence_parallel: bool = False):
     """megatron-core TransformerConfig equal to the HF model (RMSNorm, SwiGLU, RoPE, GQA).
 
     ``recompute``: Megatron's full recompute of every decoder layer in backward (``uniform``, one
@@ -102,6 +102,7 @@ def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: i
             pipeline_kwargs["virtual_pipeline_model_parallel_size"] = virtual_pipeline_size
     return TransformerConfig(
         tensor_model_parallel_size=tensor_parallel_size,
+        sequence_parallel=sequence_parallel,
         context_parallel_size=context_parallel_size,
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
@@ -136,7 +137,7 @@ class MegatronCausalLM(nn.Module):
     tensor-parallel shard of its pipeline stage (the whole model with TP = PP = 1)."""
 
     def __init__(self, hf_config, dtype: torch.dtype, *, recompute: bool = False, chunk: int = 0,
-                 chunks: int = 1) -> None:
+                 chunks: int = 1, sequence_parallel: bool = False) -> None:
         """``chunk`` / ``chunks``: this model chunk of the rank's ``chunks`` (virtual pipeline stages)."""
         super().__init__()
         from megatron.core import parallel_state
@@ -153,6 +154,7 @@ class MegatronCausalLM(nn.Module):
         self.cp_size = parallel_state.get_context_parallel_world_size()
         self.cp_rank = parallel_state.get_context_parallel_rank()
         self.cp_group = parallel_state.get_context_parallel_group()
+        self.sequence_parallel = sequence_parallel and self.tp_size > 1
         ep_size = parallel_state.get_expert_model_parallel_world_size()
         self.ep_group = parallel_state.get_expert_model_parallel_group() if ep_size > 1 else None
         self.experts = experts.ExpertShard(parallel_state.get_expert_model_parallel_rank(), ep_size,
@@ -167,10 +169,14 @@ class MegatronCausalLM(nn.Module):
                                               normalization="RMSNorm")
         if self.cp_size > 1:
             layer_spec.submodules.self_attention.submodules.core_attention = context.attention_class()
+        config = transformer_config(hf_config, dtype, tensor_parallel_size=self.tp_size, pipeline_parallel_size=pp_size,
+                                    context_parallel_size=self.cp_size, expert_parallel_size=ep_size,
+                                    recompute=recompute, virtual_pipeline_size=chunks,
+                                    sequence_parallel=self.sequence_parallel)
+        if self.sequence_parallel:
+            layer_spec = _sequence_parallel_block(layer_spec, config, chunk if chunks > 1 else None)
         self.gpt = GPTModel(
-            transformer_config(hf_config, dtype, tensor_parallel_size=self.tp_size, pipeline_parallel_size=pp_size,
-                               context_parallel_size=self.cp_size, expert_parallel_size=ep_size, recompute=recompute,
-                               virtual_pipeline_size=chunks),
+            config,
             layer_spec,
             vocab_size=hf_config.vocab_size,
             max_sequence_length=hf_config.max_position_embeddings,
@@ -200,11 +206,20 @@ class MegatronCausalLM(nn.Module):
             # Right padding: the causal mask alone keeps real tokens from seeing padding.
             masked_out = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).triu(1)[None, None]
         masked_out = masked_out.expand(b, 1, t, t)
+        # Context parallel cuts the width into 2 x cp chunks, sequence parallel the (local) width into
+        # tp parts: pad to a multiple of both (padding attends to and is attended by nothing).
+        multiple = (2 * self.cp_size if self.cp_size > 1 else 1) * (self.tp_size if self.sequence_parallel else 1)
+        width = t + (-t % multiple)
+        if width > t:
+            input_ids = F.pad(input_ids, (0, width - t))
+            if position_ids is not None:
+                position_ids = F.pad(position_ids, (0, width - t))
+            masked_out = F.pad(masked_out, (0, width - t, 0, width - t), value=True)
         if self.cp_size > 1:
             input_ids, position_ids, masked_out = self._context_part(input_ids, position_ids, masked_out)
         rotary = self.gpt.rotary_pos_emb
         if position_ids is None:
-            position_ids = torch.arange(t, device=input_ids.device)[None].expand(b, -1)
+            position_ids = torch.arange(width, device=input_ids.device)[None].expand(b, -1)
         else:
             rotary.positions = position_ids
         try:
@@ -212,38 +227,34 @@ class MegatronCausalLM(nn.Module):
         finally:
             rotary.positions = None
         if not self.stage.last:
-            return SimpleNamespace(hidden_states=out)  # [t (/ cp), b, hidden]
-        logits = out  # [b, t (/ cp), V / tp]
+            return SimpleNamespace(hidden_states=out)  # [width (/ cp) (/ tp with sequence parallel), b, hidden]
+        logits = out  # [b, width (/ cp), V / tp]
         if self.tp_size > 1:
             logits = tp_shards.GatherVocabShards.apply(logits, self.tp_group)
         if self.cp_size > 1:
-            logits = self._full_width(logits, t)
+            logits = self._full_width(logits)
+        logits = logits[:, :t]
         if logits_to_keep > 0:
             logits = logits[:, -logits_to_keep:]
         return SimpleNamespace(logits=logits)
 
     def _context_part(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None,
                       masked_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This context-parallel rank's positions (``megatron/context.py``): the width padded to a
-        multiple of 2 x cp (padding masked out), then its ids and position ids, and its query rows of
-        the mask with the key columns in the order the attention gathers them."""
-        b, t = input_ids.shape
-        width = context.padded_width(t, self.cp_size)
+        """This context-parallel rank's positions (``megatron/context.py``) of a width that divides by
+        2 x cp: its ids and position ids, and its query rows of the mask with the key columns in the
+        order the attention gathers them."""
+        b, width = input_ids.shape
         if position_ids is None:
-            position_ids = torch.arange(t, device=input_ids.device)[None].expand(b, -1)
-        if width > t:
-            input_ids = F.pad(input_ids, (0, width - t))
-            position_ids = F.pad(position_ids, (0, width - t))
-            masked_out = F.pad(masked_out, (0, width - t, 0, width - t), value=True)
+            position_ids = torch.arange(width, device=input_ids.device)[None].expand(b, -1)
         mine = context.split_index(width, self.cp_size, self.cp_rank).to(input_ids.device)
         order = context.gathered_order(width, self.cp_size).to(input_ids.device)
         return input_ids[:, mine], position_ids[:, mine], masked_out[:, :, mine][..., order]
 
-    def _full_width(self, logits: torch.Tensor, width: int) -> torch.Tensor:
-        """``[b, t / cp, V]`` of every context-parallel rank -> ``[b, t, V]`` in position order."""
+    def _full_width(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[b, width / cp, V]`` of every context-parallel rank -> ``[b, width, V]`` in position order."""
         gathered = context.gather_keep_slice(logits, 1, self.cp_group)
         order = context.gathered_order(gathered.shape[1], self.cp_size).to(logits.device)
-        return gathered.index_select(1, torch.argsort(order))[:, :width]
+        return gathered.index_select(1, torch.argsort(order))
 
     # HF names <-> Megatron names through rl_checkpoint's mapping (the converter's, shared).
     def hf_shapes(self) -> dict[str, torch.Tensor]:
@@ -363,6 +374,36 @@ class MegatronCausalLM(nn.Module):
 
     def _gather_adapters(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {lora.hf_adapter_name(k): tp_shards.gather_full(k, v, self.tp_group) for k, v in local.items()}
+
+
+class SequenceParallelRMSNorm(nn.Module):
+    """RMSNorm for the local layer spec under sequence parallel (megatron-core's ``WrappedTorchNorm``,
+    used without Apex, asserts ``not sequence_parallel``): the same ``F.rms_norm`` as torch's
+    ``nn.RMSNorm``, with the weight marked ``sequence_parallel`` so ``grads.reduce_gradients`` sums its
+    gradient (one per rank's positions) over the tensor-parallel group."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        self.weight.sequence_parallel = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def _sequence_parallel_block(layer_spec, config, vp_stage: int | None):
+    """The decoder block's spec with ``SequenceParallelRMSNorm`` for every norm (the layers' and the
+    final one, which a layer spec alone cannot set)."""
+    from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    sub = layer_spec.submodules
+    sub.input_layernorm = SequenceParallelRMSNorm
+    if sub.pre_mlp_layernorm is not IdentityOp:
+        sub.pre_mlp_layernorm = SequenceParallelRMSNorm
+    layers = get_num_layers_to_build(config, vp_stage=vp_stage)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec] * layers, layer_norm=SequenceParallelRMSNorm)
 
 
 class ModelChunks(nn.Module):

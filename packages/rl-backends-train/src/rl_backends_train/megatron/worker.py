@@ -57,10 +57,9 @@ def check_megatron_config(cfg: TrainBackendConfig) -> None:
     if unknown:
         unsupported.append(f"lora.target_modules {unknown} (it adapts {', '.join(lora.HF_PROJECTIONS)}; "
                            "use backend=dtensor for other nn.Linear names)")
-    if cfg.sequence_parallel:
-        unsupported.append("sequence_parallel (use backend=dtensor; megatron-core's local layer spec normalises "
-                           "with its torch norm wrapper, which refuses sequence parallel: it needs Apex or "
-                           "Transformer Engine norms)")
+    if cfg.sequence_parallel and cfg.lora is not None:
+        unsupported.append("sequence_parallel with lora (the adapters would see the sequence-sharded input of "
+                           "layers whose output covers the whole sequence; use one of them)")
     if cfg.optimizer.name == "muon" and cfg.tensor_parallel_size > 1:
         unsupported.append("optimizer muon with tensor_parallel_size > 1 (Muon would orthogonalise each rank's shard "
                            "of a split weight, not the whole matrix; use adamw, or tensor_parallel_size=1)")
@@ -78,7 +77,7 @@ def build_megatron_model(model_path: str, cfg: TrainBackendConfig, device: torch
     hf_config = AutoConfig.from_pretrained(model_path)
     chunks = cfg.virtual_pipeline_parallel_size
     parts = [MegatronCausalLM(hf_config, _DTYPES[cfg.dtype], recompute=cfg.activation_checkpointing, chunk=v,
-                              chunks=chunks) for v in range(chunks)]
+                              chunks=chunks, sequence_parallel=cfg.sequence_parallel) for v in range(chunks)]
     model = parts[0] if chunks == 1 else ModelChunks(parts)
     model.load_hf_state_dict(_read_hf_weights(model_path, load_file))
     if cfg.lora is not None:
@@ -296,7 +295,7 @@ class MegatronWorker(DTensorWorker):
         return self._from_last_stage(super()._sum_over_dp(local))
 
     def _reduce_gradients(self) -> None:
-        grads.reduce_gradients(self.model, self.trainable, self.grad_group, self.expert_grad_group)
+        grads.reduce_gradients(self.model, self.trainable, self.grad_group, self.expert_grad_group, self.tp_group)
 
     def _clip_gradients(self) -> float:
         if self.cfg.tensor_parallel_size == 1 and self.pipeline is None and self.ep_group is None:
