@@ -141,3 +141,25 @@ def assert_same_run(pp2: dict, pp1: dict) -> None:
     torch.testing.assert_close(pp2["after"], pp1["after"], rtol=0, atol=1e-5)
     assert_same_step(pp2["next_step"], pp1["next_step"])
     assert_same_weights(pp2["next_weights"], pp1["next_weights"])
+
+
+def megatron_config(base: dict, **overrides):
+    """A Megatron backend config: ``base`` updated by ``overrides``, one rank in this process unless
+    ``num_workers`` asks for Ray ranks."""
+    from rl_backends_train import TrainBackendConfig
+
+    fields = base | {"use_ray": overrides.get("num_workers", 1) > 1} | overrides
+    return TrainBackendConfig(backend="megatron", **fields)
+
+
+def assert_export_scores_like(export_dir, batch, logprobs, atol: float = 1e-5) -> None:
+    """The HF directory ``export_dir`` loads with ``from_pretrained`` and gives ``logprobs`` [B, T]
+    (the backend's, column t scoring token t) on the real tokens of ``batch``."""
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = exported(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+    mask = batch["attention_mask"][:, 1:].bool()
+    torch.testing.assert_close(lp[mask], logprobs[:, 1:][mask], rtol=0, atol=atol)

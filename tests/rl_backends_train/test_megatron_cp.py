@@ -13,6 +13,7 @@ from backend_testlib import (
     assert_same_weights,
     make_batch,
     make_grouped_batch,
+    megatron_config,
     two_steps,
 )
 
@@ -25,8 +26,8 @@ BASE = {"optimizer": {"lr": 1e-3, "eps": 1e-3}, "reference_model": False, "micro
 
 
 def megatron(**overrides) -> TrainBackendConfig:
-    fields = BASE | {"use_ray": overrides.get("num_workers", 1) > 1} | overrides
-    return TrainBackendConfig(backend="megatron", **fields)
+    """One rank in this process unless ``num_workers`` asks for Ray ranks."""
+    return megatron_config(BASE, **overrides)
 
 
 def test_split_covers_every_position_once():

@@ -9,10 +9,12 @@ import pytest
 import torch
 from backend_testlib import (
     MaskedNLL,
+    assert_export_scores_like,
     assert_same_run,
     assert_same_step,
     assert_same_weights,
     make_batch,
+    megatron_config,
     two_steps,
 )
 
@@ -25,8 +27,8 @@ BASE = {"optimizer": {"lr": 1e-3, "eps": 1e-3}, "reference_model": False}
 
 
 def megatron(**overrides) -> TrainBackendConfig:
-    fields = BASE | {"use_ray": overrides.get("num_workers", 1) > 1} | overrides
-    return TrainBackendConfig(backend="megatron", **fields)
+    """One rank in this process unless ``num_workers`` asks for Ray ranks."""
+    return megatron_config(BASE, **overrides)
 
 
 def test_mapping_round_trip_and_steps_equal_hf_moe(tiny_mixtral_dir, skewed_lengths):
@@ -56,7 +58,6 @@ def test_expert_parallel_2_equals_1_resumes_and_exports(ray_session, tiny_mixtra
     """Two data-parallel ranks, each holding 2 of the 4 experts of every layer: logprobs, top-k, two
     steps and weights as one rank holding all experts; the EP 2 checkpoint resumes on one rank; the
     export loads with from_pretrained and scores as the backend."""
-    from transformers import AutoModelForCausalLM
 
     batches = make_batch(VOCAB, skewed_lengths), make_batch(VOCAB, skewed_lengths[::-1], seed=1)
     cfg = megatron(num_workers=2, expert_parallel_size=2, micro_batch_size=2)
@@ -72,13 +73,7 @@ def test_expert_parallel_2_equals_1_resumes_and_exports(ray_session, tiny_mixtra
     assert_same_run(ep2, ep1)
     assert_same_step(resumed[0], ep2["next_step"])
     assert_same_weights(resumed[1], ep2["next_weights"])
-    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
-    batch = batches[1]
-    with torch.no_grad():
-        logits = exported(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
-    mask = batch["attention_mask"][:, 1:].bool()
-    torch.testing.assert_close(lp[mask], after[:, 1:][mask], rtol=0, atol=1e-5)
+    assert_export_scores_like(tmp_path / "hf", batches[1], after)
 
 
 @pytest.mark.slow  # four Ray ranks

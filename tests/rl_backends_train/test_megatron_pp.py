@@ -15,6 +15,7 @@ from backend_testlib import (
     assert_same_weights,
     make_batch,
     make_grouped_batch,
+    megatron_config,
     two_steps,
 )
 from safetensors.torch import load_file
@@ -29,9 +30,8 @@ BASE = {"optimizer": {"lr": 1e-3, "eps": 1e-3}, "reference_model": False, "micro
 
 
 def megatron(**overrides) -> TrainBackendConfig:
-    """PP=1 in this process unless ``num_workers`` asks for Ray ranks."""
-    fields = BASE | {"use_ray": overrides.get("num_workers", 1) > 1} | overrides
-    return TrainBackendConfig(backend="megatron", **fields)
+    """One rank in this process unless ``num_workers`` asks for Ray ranks."""
+    return megatron_config(BASE, **overrides)
 
 
 @pytest.fixture(scope="module")
