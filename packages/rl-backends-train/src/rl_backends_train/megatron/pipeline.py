@@ -11,8 +11,8 @@ The same code runs on GPU (nccl) and on CPU (gloo, with ``cpu_shims`` 5).
 With ``virtual_pipeline_parallel_size`` V > 1 each rank holds V model chunks (``stages.py``) and
 ``get_forward_backward_func()`` is the interleaved schedule
 (``forward_backward_pipelining_with_interleaving``): micro-batches go through the chunks in groups
-of P, so the pipeline bubble shrinks by V; the number of micro-batches is padded to a multiple of P
-with dummies (``worker.py``), as the schedule requires.
+of P, so the pipeline bubble shrinks by V; dummies (``worker.py``) pad the number of micro-batches
+to a multiple of P, as the schedule requires, and to at least 2 x P (fewer hung on gloo).
 
 Every stage of a pipeline sees the same data shard and plans the same micro-batches (dummies
 included), so the stages agree on each micro-batch's shape and mask. The first stage embeds the
