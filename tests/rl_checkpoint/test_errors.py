@@ -8,28 +8,17 @@ import shutil
 
 import pytest
 import torch
+from cli_testlib import no_leftovers, run_error
 
 from rl_checkpoint.cli import main
 from rl_checkpoint.dcp_io import save_dcp
 
 
-def run_error(capsys, argv: list[str]) -> str:
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("rl-checkpoint: error: ") and "\n" not in err, err
-    return err
-
-
-def no_leftovers(out):
-    """Neither the output nor a temporary sibling of it exists."""
-    assert not out.exists()
-    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
-
-
 @pytest.fixture
 def ckpt(tiny_model_dir, tmp_path):
+    """A DCP checkpoint without manifest.json (as saved before checksums): the reader's own checks."""
     assert main(["hf-to-dcp", tiny_model_dir, str(tmp_path / "ckpt")]) == 0
+    (tmp_path / "ckpt" / "manifest.json").unlink()
     return tmp_path / "ckpt"
 
 

@@ -1,4 +1,8 @@
-"""``rl-checkpoint``: convert, inspect and compare checkpoints. Bad input exits 2 with one line."""
+"""``rl-checkpoint``: convert, inspect and compare checkpoints. Bad input exits 2 with one line.
+
+Wherever a checkpoint is read, a training run directory means its latest complete checkpoint, and a
+checkpoint step directory means its ``policy/``; training checkpoints are verified against their
+``manifest.json`` checksums before they are read."""
 
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("dcp-to-hf", help="training checkpoint (or bare DCP dir) -> HF safetensors")
-    p.add_argument("path", type=Path, help="checkpoint dir (dcp/ + hf_config/ + meta.json) or a DCP dir")
+    p.add_argument("path", type=Path, help="run dir (its latest complete checkpoint), checkpoint step dir, its "
+                   "policy/ (dcp/ + hf_config/ + meta.json), or a bare DCP dir")
     _common_out(p)
     p.add_argument("--config-dir", type=Path, help="dir with config.json/tokenizer (for a bare DCP dir)")
     _lora_flags(p)
@@ -115,19 +120,21 @@ def _run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(report, indent=2))
         else:
-            _print_inspect(args.path, report)
+            _print_inspect(report)
     elif cmd == "diff":
         return _print_diff(convert.diff(args.a, args.b, config_dir_a=args.config_dir_a,
                                         config_dir_b=args.config_dir_b), args.atol)
     return 0
 
 
-def _print_inspect(path: Path, report: dict) -> None:
+def _print_inspect(report: dict) -> None:
     width = max((len(n) for n in report["tensors"]), default=10)
     for name, t in report["tensors"].items():
         print(f"{name:<{width}}  {str(t['shape']):<20} {t['dtype']}")
-    print(f"format={report['format']} path={path} tensors={report['num_tensors']} "
+    print(f"format={report['format']} path={report['path']} tensors={report['num_tensors']} "
           f"parameters={report['num_parameters']:,} size={report['total_bytes'] / 2**20:.1f} MiB")
+    if report["checksums"]:
+        print(f"checksums: {report['checksums']}")
 
 
 def _print_diff(report: dict, atol: float) -> int:
@@ -153,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     except CheckpointError as e:
         print(f"rl-checkpoint: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # parent is a file, read-only directory, disk full: the output was never published
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"rl-checkpoint: error: {where}{e.strerror or e}; nothing was written", file=sys.stderr)
         return 2
 
 

@@ -9,7 +9,9 @@ import torch
 
 from rl_checkpoint.detect import open_checkpoint
 from rl_checkpoint.errors import CheckpointError
-from rl_checkpoint.output import atomic_output_dir, copy_config_files
+from rl_checkpoint.integrity import Verified, write_manifest
+from rl_checkpoint.layout import checkpoint_root
+from rl_checkpoint.output import atomic_output_dir, check_output, copy_config_files
 from rl_checkpoint.safetensors_io import TensorInfo, write_file, write_sharded
 from rl_checkpoint.sources import (
     LoraMergedSource,
@@ -36,16 +38,32 @@ def parse_dtype(name: str | None) -> torch.dtype | None:
 
 def write_hf(source: TensorSource, out: str | Path, *, config_dir: Path | None = None,
              config: dict | None = None, force: bool = False, max_shard_bytes: int = DEFAULT_SHARD_BYTES,
-             read_group_bytes: int = DEFAULT_READ_GROUP_BYTES) -> Path:
-    """Stream ``source`` into an HF directory: sharded safetensors + index, config and tokenizer files."""
+             read_group_bytes: int = DEFAULT_READ_GROUP_BYTES, dtype: torch.dtype | None = None) -> Path:
+    """Stream ``source`` into an HF directory: sharded safetensors + index, config and tokenizer files.
+
+    With ``tie_word_embeddings`` in the config, ``lm_head.weight`` (the embedding again) is left out, as
+    ``save_pretrained`` does; ``dtype`` (the cast ``source`` applies) is written into config.json."""
     out = Path(out)
+    if config is None and config_dir is not None and (config_dir / "config.json").is_file():
+        config = read_json(config_dir / "config.json", "HF config")
+    infos = source.infos
+    if config is not None and config.get("tie_word_embeddings") and "model.embed_tokens.weight" in infos:
+        infos = {n: i for n, i in infos.items() if n != "lm_head.weight"}
     with atomic_output_dir(out, force) as tmp:
-        write_sharded(tmp, source.infos, source.load, max_shard_bytes=max_shard_bytes,
-                      read_group_bytes=read_group_bytes)
+        write_sharded(tmp, infos, source.load, max_shard_bytes=max_shard_bytes, read_group_bytes=read_group_bytes)
         copy_config_files(config_dir, tmp)
         if config is not None:
-            (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+            write_config(tmp, config, dtype)
     return out
+
+
+def write_config(out_dir: Path, config: dict, dtype: torch.dtype | None) -> None:
+    """config.json, its dtype fields (``torch_dtype``, and ``dtype`` as transformers 5 names it) set to ``dtype``."""
+    if dtype is not None:
+        name = str(dtype).removeprefix("torch.")
+        keys = [k for k in ("torch_dtype", "dtype") if k in config] or ["torch_dtype", "dtype"]
+        config = config | dict.fromkeys(keys, name)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def to_hf(path: str | Path, out: str | Path, *, fmt: str | None = None, config_dir: str | Path | None = None,
@@ -54,26 +72,34 @@ def to_hf(path: str | Path, out: str | Path, *, fmt: str | None = None, config_d
     """Any supported checkpoint (format guessed unless ``fmt``) -> an HF directory."""
     opened = open_checkpoint(path, fmt=fmt, config_dir=config_dir, dtype=dtype, lora_alpha=lora_alpha,
                              lora_rank=lora_rank)
+    check_output(out, checkpoint_root(opened.path), around=(path,))
     if opened.format == "gguf":
         return gguf_to_hf(path, out, dtype=dtype or torch.float32, force=force, max_shard_bytes=max_shard_bytes)
     if opened.format == "peft":
         raise CheckpointError(f"{path}: is a LoRA adapter, not a model; use merge-lora --base BASE {path} OUT")
-    return write_hf(opened.source, out, config_dir=opened.config_dir, force=force, max_shard_bytes=max_shard_bytes)
+    return write_hf(opened.source, out, config_dir=opened.config_dir, force=force, max_shard_bytes=max_shard_bytes,
+                    dtype=dtype)
 
 
 def gguf_to_hf(path: str | Path, out: str | Path, *, dtype: torch.dtype = torch.float32, force: bool = False,
                max_shard_bytes: int = DEFAULT_SHARD_BYTES, tokenizer: bool = True) -> Path:
     """A GGUF file -> dequantised HF safetensors + config.json (+ tokenizer when transformers is installed)."""
+    import importlib.util
+
     from rl_checkpoint.gguf_io import GGUFSource, save_gguf_tokenizer
 
+    if tokenizer and importlib.util.find_spec("transformers") is None:
+        raise CheckpointError(f'{path}: writing its tokenizer needs transformers: pip install "rl-checkpoint[hf]", '
+                              "or pass --no-tokenizer for the weights and config alone")
+    check_output(out, path)
     source = GGUFSource(path, dtype)
     out = Path(out)
     with atomic_output_dir(out, force) as tmp:
         write_sharded(tmp, source.infos, source.load, max_shard_bytes=max_shard_bytes,
                       read_group_bytes=DEFAULT_READ_GROUP_BYTES)
-        if tokenizer and not save_gguf_tokenizer(Path(path), tmp):
-            print('note: tokenizer not written (needs transformers: pip install "rl-checkpoint[hf]")')
-        (tmp / "config.json").write_text(json.dumps(source.hf_config(), indent=2) + "\n")
+        if tokenizer:
+            save_gguf_tokenizer(Path(path), tmp)
+        write_config(tmp, source.hf_config(), dtype)
     return out
 
 
@@ -111,6 +137,7 @@ def hf_to_dcp(hf_dir: str | Path, out: str | Path, *, force: bool = False, megat
     hf_dir = Path(hf_dir)
     source = SafetensorsSource(hf_dir)  # validates every shard header first
     out = Path(out)
+    check_output(out, hf_dir)
     keep: list = []
     with atomic_output_dir(out, force) as tmp:
         tensors: dict[str, torch.Tensor] = {}
@@ -123,9 +150,12 @@ def hf_to_dcp(hf_dir: str | Path, out: str | Path, *, force: bool = False, megat
         save_dcp({"model": tensors}, tmp / "dcp")
         (tmp / "hf_config").mkdir()
         copy_config_files(hf_dir, tmp / "hf_config")
-        meta = {"format": "rl-megatron" if megatron else "rl-dcp", "source": str(hf_dir), "step": 0}
+        # weights only: no optimizer, trainer state or task, so a start point (model=OUT), not a resume point
+        meta = {"format": "rl-megatron" if megatron else "rl-dcp", "source": str(hf_dir), "step": 0,
+                "weights_only": True}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         del tensors
+        write_manifest(tmp)
     return out
 
 
@@ -152,11 +182,16 @@ def merge_lora(adapter: str | Path, out: str | Path, *, base: str | Path | None 
     """Base + LoRA adapter (PEFT dir or a training checkpoint with ``lora_A``/``lora_B`` tensors) -> merged HF.
 
     ``adapter_only``: write the adapter alone in PEFT format (adapter_model.safetensors + adapter_config.json)."""
-    from rl_checkpoint.detect import detect_format, lora_scale
+    from rl_checkpoint.detect import detect_format, lora_scale, verify_training_checkpoint
+    from rl_checkpoint.layout import model_dir
     from rl_checkpoint.sources import DCPModelSource
 
-    adapter = Path(adapter)
+    given = Path(adapter)
+    adapter = model_dir(given)
     fmt = detect_format(adapter)
+    check_output(out, checkpoint_root(adapter), *([base] if base is not None else []), around=(given,))
+    if fmt == "rl-dcp":
+        verify_training_checkpoint(adapter)
     meta: dict = {}
     if fmt == "peft":
         adapter_src: TensorSource = SafetensorsSource(adapter / "adapter_model.safetensors")
@@ -208,15 +243,26 @@ def _write_peft_adapter(src: TensorSource, pairs: dict, out, adapter_cfg: dict, 
 
 def inspect(path: str | Path, *, fmt: str | None = None, config_dir: str | Path | None = None) -> dict:
     """Format, tensor names/shapes/dtypes and total size of a checkpoint (no tensor data read)."""
-    opened = open_checkpoint(path, fmt=fmt, config_dir=config_dir)
+    opened = open_checkpoint(path, fmt=fmt, config_dir=config_dir, verify_whole=True)
     infos = sorted_infos(opened.source.infos)
     return {
         "format": opened.format,
+        "path": str(opened.path),
+        "checksums": checksum_note(opened.verified),
         "num_tensors": len(infos),
         "total_bytes": sum(i.nbytes for i in infos.values()),
         "num_parameters": sum(i.nbytes // i.dtype.itemsize for i in infos.values()),
         "tensors": {n: {"shape": list(i.shape), "dtype": str(i.dtype).removeprefix("torch.")} for n, i in infos.items()},
     }
+
+
+def checksum_note(verified: Verified | None) -> str | None:
+    """One line on what the integrity check of a training checkpoint covered (None: not one)."""
+    if verified is None:
+        return None
+    if not verified.manifest:
+        return "no manifest.json (saved before checksums): structure not verified"
+    return f"sha256 verified: {verified.files} files, {verified.bytes / 2**20:.1f} MiB"
 
 
 def diff(a: str | Path, b: str | Path, *, config_dir_a=None, config_dir_b=None) -> dict:

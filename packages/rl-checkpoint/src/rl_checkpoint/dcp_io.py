@@ -157,7 +157,7 @@ class DCPReader:
             )
         try:
             # torch.load reads the records straight from the file range into the tensor's storage
-            return torch.load(_FileSlice(file, storage.offset, storage.length), map_location="cpu", weights_only=True)
+            return torch.load(FileSlice(file, storage.offset, storage.length), map_location="cpu", weights_only=True)
         except Exception as e:
             raise CheckpointError(
                 f"{self.path / storage.relative_path}: corrupt data for tensor {name} ({type(e).__name__}); "
@@ -165,7 +165,7 @@ class DCPReader:
             ) from None
 
 
-class _FileSlice(io.RawIOBase):
+class FileSlice(io.RawIOBase):
     """A read-only, seekable window ``[offset, offset + length)`` of an open binary file."""
 
     def __init__(self, file, offset: int, length: int):

@@ -10,6 +10,8 @@ import torch
 
 from rl_checkpoint.dcp_io import DCPReader, is_dcp_dir
 from rl_checkpoint.errors import CheckpointError
+from rl_checkpoint.integrity import Verified, verify
+from rl_checkpoint.layout import POLICY_DIR, checkpoint_root, model_dir
 from rl_checkpoint.sources import (
     CastSource,
     DCPModelSource,
@@ -33,6 +35,10 @@ class Opened:
     source: TensorSource
     config_dir: Path | None
     """Directory holding config.json / tokenizer files to copy, when known."""
+    path: Path
+    """What was opened: for a run or step directory, the ``policy/`` of its (latest complete) checkpoint."""
+    verified: Verified | None = None
+    """The integrity check of a training checkpoint (None for other formats)."""
 
 
 def resolve_megatron_dir(path: Path) -> Path:
@@ -54,8 +60,12 @@ def _is_megatron_keys(keys) -> bool:
 
 
 def detect_format(path: str | Path) -> str:
-    """One of FORMATS, or a CheckpointError saying what was found."""
+    """One of FORMATS, or a CheckpointError saying what was found. A run, ``checkpoints/`` or step
+    directory is the training checkpoint it holds (see rl_checkpoint.layout)."""
     path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file or directory")
+    path = model_dir(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such file or directory")
     if path.is_file():
@@ -92,15 +102,27 @@ def lora_scale(meta: dict, config_dir: Path | None, alpha: float | None, rank: i
     return float(alpha) / (float(rank) ** 0.5 if info.get("use_rslora") else float(rank))
 
 
+def verify_training_checkpoint(model: Path, *, whole: bool = False) -> Verified:
+    """Check the manifest covering training checkpoint ``model`` (its ``policy/`` files only, unless
+    ``whole``: then every file of the step directory, RNG and trainer state included)."""
+    root = checkpoint_root(model)
+    prefix = f"{POLICY_DIR}/" if root != model and not whole else ""
+    return verify(root, prefix=prefix)
+
+
 def open_checkpoint(path: str | Path, *, fmt: str | None = None, config_dir: str | Path | None = None,
                     dtype: torch.dtype | None = None, lora_alpha: float | None = None,
-                    lora_rank: int | None = None) -> Opened:
-    """Open any supported checkpoint as HF-named tensors (LoRA adapters of a training checkpoint merged)."""
-    path = Path(path)
+                    lora_rank: int | None = None, verify_whole: bool = False) -> Opened:
+    """Open any supported checkpoint as HF-named tensors (LoRA adapters of a training checkpoint merged).
+
+    A training checkpoint is verified against its manifest first (``verify_whole``: every file of it)."""
+    path = model_dir(path)
     fmt = fmt or detect_format(path)
     config = Path(config_dir) if config_dir else None
     meta: dict = {}
+    verified = None
     if fmt == "rl-dcp":
+        verified = verify_training_checkpoint(path, whole=verify_whole)
         meta = read_json(path / "meta.json", "meta.json of the training checkpoint")
         if meta.get("format") not in ("rl-dcp", "rl-megatron"):
             raise CheckpointError(f"{path / 'meta.json'}: format is {meta.get('format')!r}, expected 'rl-dcp'")
@@ -112,7 +134,7 @@ def open_checkpoint(path: str | Path, *, fmt: str | None = None, config_dir: str
     if fmt == "gguf":
         from rl_checkpoint.gguf_io import GGUFSource
 
-        return Opened("gguf", GGUFSource(path, dtype or torch.float32), None)
+        return Opened("gguf", GGUFSource(path, dtype or torch.float32), None, path)
     if fmt == "hf":
         source: TensorSource = SafetensorsSource(path)
         config = config or (path if path.is_dir() else path.parent)
@@ -136,4 +158,4 @@ def open_checkpoint(path: str | Path, *, fmt: str | None = None, config_dir: str
         raise CheckpointError(f"{path}: unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     if dtype is not None:
         source = CastSource(source, dtype)
-    return Opened(fmt, source, config)
+    return Opened(fmt, source, config, path, verified)

@@ -3,5 +3,7 @@
 from __future__ import annotations
 
 
-class CheckpointError(Exception):
-    """A user-facing problem with a checkpoint: the message says what, where and what to do."""
+class CheckpointError(ValueError):
+    """A user-facing problem with a checkpoint: the message says what, where and what to do.
+
+    A ``ValueError``, so callers that report bad input (config errors, model resolution) catch it too."""

@@ -121,12 +121,9 @@ class GGUFSource:
         return out
 
 
-def save_gguf_tokenizer(gguf_path: Path, out_dir: Path) -> bool:
-    """Write the GGUF's tokenizer as HF files (needs transformers). False when transformers is missing."""
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        return False
+def save_gguf_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+    """Write the GGUF's tokenizer as HF files (needs transformers: the ``[hf]`` extra)."""
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     tok.save_pretrained(str(out_dir))
-    return True
