@@ -5,19 +5,10 @@ from __future__ import annotations
 import json
 import random
 
-import pytest
 import torch
+from checkpoint_testlib import policy_fixture  # noqa: F401 (provides the `policy` fixture)
 
 from rl_algorithms.checkpointing import STATE_FILE, CheckpointConfig, CheckpointManager
-
-
-@pytest.fixture(scope="module")
-def policy(tiny_model_dir):
-    from rl_backends_train import TrainBackendConfig, build_training_backend
-
-    backend = build_training_backend(TrainBackendConfig(use_ray=False, reference_model=False), tiny_model_dir)
-    yield backend
-    backend.shutdown()
 
 
 def test_keep_last_and_best(policy, tmp_path):

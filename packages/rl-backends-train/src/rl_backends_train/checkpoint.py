@@ -24,7 +24,8 @@ from torch import nn
 
 CHECKPOINT_FORMAT = "rl-dcp"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
-_WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_NOT_CONFIG = ("model.safetensors.index.json", "pytorch_model.bin.index.json", "manifest.json",
+               "rl_checkpoint_source.json")
 
 
 def staging_dir(path: str | Path) -> Path:
@@ -48,7 +49,7 @@ def copy_model_files(model_path: str | Path, dest: Path, *, include_config: bool
     """Copy config, generation config and tokenizer files (everything but weights) of an HF dir."""
     dest.mkdir(parents=True, exist_ok=True)
     for item in Path(model_path).iterdir():
-        if not item.is_file() or item.name.endswith(_WEIGHT_SUFFIXES) or item.name in _WEIGHT_INDEXES:
+        if not item.is_file() or item.name.endswith(_WEIGHT_SUFFIXES) or item.name in _NOT_CONFIG:
             continue
         if item.name == "config.json" and not include_config:
             continue
@@ -62,12 +63,21 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def read_meta(path: str | Path) -> dict:
+    """meta.json of a checkpoint that ``load`` can resume, or one clear error saying why not."""
     meta_path = Path(path) / "meta.json"
     if not meta_path.is_file():
         raise FileNotFoundError(f"{path} is not a training checkpoint: {meta_path} is missing")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{meta_path}: format {meta.get('format')!r} is not {CHECKPOINT_FORMAT!r}")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{meta_path}: corrupt ({e}); use an earlier checkpoint") from None
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else meta
+        raise ValueError(f"{meta_path}: format {found!r} is not {CHECKPOINT_FORMAT!r}")
+    if meta.get("weights_only") or "task" not in meta:
+        # rl-checkpoint hf-to-dcp writes weights alone: a start point, not a run to continue
+        raise ValueError(f"{path}: holds model weights only (written by `rl-checkpoint hf-to-dcp`), no optimizer, "
+                         f"scheduler or trainer state to resume; start a run from it with model={path}")
     return meta
 
 
