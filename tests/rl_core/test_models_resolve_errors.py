@@ -87,3 +87,9 @@ def test_a_checkpoint_resolves_through_the_converter(tiny_model_dir, tmp_path):
         resolve_model(str(run), checkpoint_to_hf=damaged)
     with pytest.raises(ModelResolutionError, match="without config.json"):
         resolve_model(str(run), checkpoint_to_hf=lambda p: None)
+
+    def read_only(path):
+        raise PermissionError(13, "Permission denied", str(path / "hf"))
+
+    with pytest.raises(ModelResolutionError, match="Permission denied.*rl-checkpoint dcp-to-hf"):
+        resolve_model(str(run), checkpoint_to_hf=read_only)

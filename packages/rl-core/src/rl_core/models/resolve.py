@@ -76,6 +76,9 @@ def resolve_model(name_or_path: str, cache_dir: str | Path | None = None, *,
                 converted = checkpoint_to_hf(path)
             except ValueError as e:  # rl_checkpoint.CheckpointError: incomplete, damaged
                 raise ModelResolutionError(f"model {name_or_path!r}: {e}") from None
+            except OSError as e:  # e.g. a read-only checkpoint directory: no room for the conversion
+                raise ModelResolutionError(f"model {name_or_path!r}: converting it failed ({e}); run `rl-checkpoint "
+                                           f"dcp-to-hf {path} OUT` and pass OUT") from None
             path = Path(converted) if converted is not None else path
         if (path / "config.json").is_file():
             if problem := model_dir_problem(path):
