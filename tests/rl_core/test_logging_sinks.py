@@ -7,12 +7,14 @@ import importlib.util
 import json
 import struct
 import time
+from pathlib import Path
 
 import pytest
 
 from rl_core.logging import LoggerConfig, MetricsLogger, MlflowConfig, WandbConfig, backends
 
 HPARAMS = {"seed": 3, "sft": {"lr": 1e-4, "max_steps": 4}, "model": "tiny", "tags": ["a", "b"], "dir": None}
+ODD_HPARAMS = {**HPARAMS, "output_dir": Path("/runs/x")}  # not plain JSON: logged as its text
 QUIET = dict(jsonl=True, tensorboard=False, stdout=False, plot=False)
 needs_wandb = pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="pip install 'rl-core[test]'")
 needs_mlflow = pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in ("mlflow", "sqlalchemy", "alembic")),
@@ -37,7 +39,7 @@ def tensorboard_events(run_dir):
 def test_tensorboard_holds_the_scalars_and_the_config(tmp_path):
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    with MetricsLogger(LoggerConfig(**{**QUIET, "tensorboard": True}), tmp_path, hparams=HPARAMS) as metrics:
+    with MetricsLogger(LoggerConfig(**{**QUIET, "tensorboard": True}), tmp_path, hparams=ODD_HPARAMS) as metrics:
         log_four_steps(metrics)
     events = tensorboard_events(tmp_path)
     assert [(e.step, e.value) for e in events.Scalars("train/reward_mean")] == [(1, 0.25), (2, 0.5), (3, 0.75), (4, 1.0)]
@@ -50,6 +52,7 @@ def test_tensorboard_holds_the_scalars_and_the_config(tmp_path):
     assert start.hparams["sft.max_steps"].number_value == 4
     assert start.hparams["model"].string_value == "tiny"
     assert start.hparams["tags"].string_value == "['a', 'b']"
+    assert start.hparams["output_dir"].string_value == "/runs/x"
     experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
     assert "train/loss" in [m.name.tag for m in experiment.metric_infos]
 

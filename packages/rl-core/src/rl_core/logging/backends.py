@@ -7,6 +7,7 @@ afterwards so that a sink failing mid-run never stops training.
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 from pathlib import Path
@@ -37,6 +38,7 @@ class TensorBoardSink:
         import yaml
         from torch.utils.tensorboard.summary import hparams as hparams_summary
 
+        hparams = json.loads(json.dumps(hparams, default=str))  # plain values only (a Path becomes its text)
         text = yaml.safe_dump(hparams, sort_keys=False, default_flow_style=False)
         # Markdown: a code block keeps the YAML's indentation.
         self.writer.add_text("config", "\n".join("    " + line for line in text.splitlines()), global_step=0)
