@@ -16,9 +16,11 @@ import stat
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
-# Per-mount options as /proc/self/mountinfo writes them; a bind-remount must restate them to keep them.
+MS_STRICTATIME = 1 << 24
+# Per-mount options as /proc/self/mountinfo writes them; a bind-remount must restate them to keep them
+# (in a container's user namespace they are locked, and changing one fails).
 MOUNT_OPTION_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-                      "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+                      "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
 PRIVATE_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
 
 libc = ctypes.CDLL(None, use_errno=True)
