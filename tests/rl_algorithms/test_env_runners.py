@@ -78,6 +78,12 @@ def one_sample_per_env(environments) -> list[PromptSample]:
     return [PromptSample(messages=[{"role": "user", "content": f"Say {name}."}], env=name) for name in environments]
 
 
+def next_round(engine, tokenizer, environments, runner, num_generations: int):
+    """A following round of two "ok" prompts on the same runner: its episodes."""
+    return run_rollouts(engine, tokenizer, one_sample_per_env(["ok"]) * 2, environments, sampling(tokenizer),
+                        num_generations_per_prompt=num_generations, env_timeout_s=120.0, env_runner=runner)
+
+
 def test_ray_actors_give_the_same_episodes_as_threads(ray_session, engine, tokenizer):
     samples = build_dataset(SlidingPuzzleDatasetConfig(scramble_moves=6), "train", 2)
     env = SlidingPuzzleEnvironment()
@@ -131,8 +137,7 @@ def test_ray_actors_isolate_faulty_environments(ray_session, engine, tokenizer):
         # The hung actor was killed and the dead one lost: both replaced.
         assert runner.replaced_workers == 2
         # The runner is whole again: the next round runs on the fresh actors.
-        again = run_rollouts(engine, tokenizer, one_sample_per_env(["ok"]) * 2, environments, sampling(tokenizer),
-                             num_generations_per_prompt=2, env_timeout_s=120.0, env_runner=runner)
+        again = next_round(engine, tokenizer, environments, runner, 2)
         assert [(e.env_error, e.reward) for e in again] == [(False, 1.0)] * 4
         assert all(e.metrics["pid"] != ok.metrics["pid"] for e in again)  # both first actors are gone
     finally:
@@ -147,8 +152,7 @@ def test_worker_process_is_replaced_after_a_hang(engine, tokenizer):
                                 num_generations_per_prompt=1, env_timeout_s=1.0, env_runner=runner)
         assert [(e.sample.env, e.env_error) for e in episodes] == [("ok", False), ("hangs", True)]
         assert runner.replaced_workers == 1  # the stuck worker was killed and replaced
-        again = run_rollouts(engine, tokenizer, one_sample_per_env(["ok"]) * 2, environments, sampling(tokenizer),
-                             num_generations_per_prompt=1, env_timeout_s=120.0, env_runner=runner)
+        again = next_round(engine, tokenizer, environments, runner, 1)
         assert [(e.env_error, e.reward) for e in again] == [(False, 1.0)] * 2
     finally:
         runner.shutdown()
@@ -171,8 +175,7 @@ def test_worker_process_death_fails_only_its_own_episodes(engine, tokenizer):
                 assert episode.error.startswith("environment 'dies' raised BrokenProcessPool")
         assert runner.replaced_workers == 1  # the dying step took its worker down
         # The next round runs normally on the replacements (before: BrokenProcessPool at submit).
-        again = run_rollouts(engine, tokenizer, one_sample_per_env(["ok"]) * 2, environments, sampling(tokenizer),
-                             num_generations_per_prompt=2, env_timeout_s=120.0, env_runner=runner)
+        again = next_round(engine, tokenizer, environments, runner, 2)
         assert [(e.env_error, e.reward) for e in again] == [(False, 1.0)] * 4
     finally:
         runner.shutdown()
