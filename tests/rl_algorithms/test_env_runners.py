@@ -1,10 +1,12 @@
-"""Where environments run: Ray actors (a real local Ray) give the same episodes as threads and isolate
-faulty environments like the process pool does; runners are reusable after a hang; the config."""
+"""Where environments run: Ray actors (a real local Ray) give the same episodes as threads; Ray actors
+and worker processes isolate faulty environments (a hang or a death fails only its own episodes) and
+are reusable afterwards; the config."""
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 
 import pytest
@@ -26,6 +28,14 @@ class ReportsPid:
 
     def step(self, messages, metadata, state):
         return StepResult(reward=1.0, reward_components={"ok": 1.0}, metrics={"pid": float(os.getpid())})
+
+
+class SlowReportsPid(ReportsPid):
+    """Takes a while: its steps are still running in the other worker when one dies."""
+
+    def step(self, messages, metadata, state):
+        time.sleep(0.3)
+        return super().step(messages, metadata, state)
 
 
 class Raises:
@@ -54,8 +64,24 @@ class Garbage:
         return self.value
 
 
+class Unpicklable:
+    """Holds a lock: cannot be sent to a worker process."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def step(self, messages, metadata, state):
+        return StepResult(reward=1.0)
+
+
 def one_sample_per_env(environments) -> list[PromptSample]:
     return [PromptSample(messages=[{"role": "user", "content": f"Say {name}."}], env=name) for name in environments]
+
+
+def next_round(engine, tokenizer, environments, runner, num_generations: int):
+    """A following round of two "ok" prompts on the same runner: its episodes."""
+    return run_rollouts(engine, tokenizer, one_sample_per_env(["ok"]) * 2, environments, sampling(tokenizer),
+                        num_generations_per_prompt=num_generations, env_timeout_s=120.0, env_runner=runner)
 
 
 def test_ray_actors_give_the_same_episodes_as_threads(ray_session, engine, tokenizer):
@@ -111,30 +137,53 @@ def test_ray_actors_isolate_faulty_environments(ray_session, engine, tokenizer):
         # The hung actor was killed and the dead one lost: both replaced.
         assert runner.replaced_workers == 2
         # The runner is whole again: the next round runs on the fresh actors.
-        again = run_rollouts(engine, tokenizer, one_sample_per_env(["ok"]) * 2, environments, sampling(tokenizer),
-                             num_generations_per_prompt=2, env_timeout_s=120.0, env_runner=runner)
+        again = next_round(engine, tokenizer, environments, runner, 2)
         assert [(e.env_error, e.reward) for e in again] == [(False, 1.0)] * 4
         assert all(e.metrics["pid"] != ok.metrics["pid"] for e in again)  # both first actors are gone
     finally:
         runner.shutdown()
 
 
-def test_process_pool_is_replaced_after_a_hang(engine, tokenizer):
+def test_worker_process_is_replaced_after_a_hang(engine, tokenizer):
     environments = {"ok": ReportsPid(), "hangs": Hangs()}
-    runner = EnvRunner(environments, num_workers=1)
+    runner = EnvRunner(environments, num_workers=1)  # returns once the worker is up: the timeout measures the step
     try:
-        # Start the worker first (it imports this module), so that the timeout below measures the step.
-        warm_up = runner.submit("ok", [([{"role": "user", "content": "hi"}], {}, None)])
-        assert warm_up.result(timeout=120)[0].reward == 1.0
         episodes = run_rollouts(engine, tokenizer, one_sample_per_env(environments), environments, sampling(tokenizer),
                                 num_generations_per_prompt=1, env_timeout_s=1.0, env_runner=runner)
         assert [(e.sample.env, e.env_error) for e in episodes] == [("ok", False), ("hangs", True)]
-        assert not runner.broken  # recover() replaced the pool with the stuck worker
-        again = run_rollouts(engine, tokenizer, one_sample_per_env(["ok"]) * 2, environments, sampling(tokenizer),
-                             num_generations_per_prompt=1, env_timeout_s=120.0, env_runner=runner)
+        assert runner.replaced_workers == 1  # the stuck worker was killed and replaced
+        again = next_round(engine, tokenizer, environments, runner, 1)
         assert [(e.env_error, e.reward) for e in again] == [(False, 1.0)] * 2
     finally:
         runner.shutdown()
+
+
+def test_worker_process_death_fails_only_its_own_episodes(engine, tokenizer):
+    environments = {"ok": SlowReportsPid(), "dies": Dies()}
+    runner = EnvRunner(environments, num_workers=2)
+    try:
+        samples = one_sample_per_env(["ok"]) * 4 + one_sample_per_env(["dies"]) + one_sample_per_env(["ok"]) * 4
+        episodes = run_rollouts(engine, tokenizer, samples, environments, sampling(tokenizer),
+                                num_generations_per_prompt=1, env_timeout_s=120.0, env_runner=runner)
+        assert [e.sample.env for e in episodes] == ["ok"] * 4 + ["dies"] + ["ok"] * 4
+        for episode in episodes:
+            if episode.sample.env == "ok":  # stepped in the other or a fresh worker, untouched by the deaths
+                assert (episode.env_error, episode.reward) == (False, 1.0)
+                assert episode.metrics["pid"] != os.getpid()
+            else:
+                assert (episode.env_error, episode.reward) == (True, 0.0)
+                assert episode.error.startswith("environment 'dies' raised BrokenProcessPool")
+        assert runner.replaced_workers == 1  # the dying step took its worker down
+        # The next round runs normally on the replacements (before: BrokenProcessPool at submit).
+        again = next_round(engine, tokenizer, environments, runner, 2)
+        assert [(e.env_error, e.reward) for e in again] == [(False, 1.0)] * 4
+    finally:
+        runner.shutdown()
+
+
+def test_worker_processes_that_cannot_start_fail_at_construction():
+    with pytest.raises(RuntimeError, match="environment worker processes could not start"):
+        EnvRunner({"local": Unpicklable()}, num_workers=1)
 
 
 def test_env_runner_config_is_strict_and_builds(engine, tokenizer):

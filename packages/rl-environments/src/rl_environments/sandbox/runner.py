@@ -28,6 +28,7 @@ LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
 SETUP_FAILED = 125
 # Sandboxed programs run under a uid of their own, drawn from this range (when the host runs as root).
 UID_BASE, UID_SPAN = 1_500_000_000, 500_000_000
+MIN_PROCESS_MEMORY_MB = 32  # an interpreter with the prelude maps ~15 MB
 
 
 class SandboxError(RuntimeError):
@@ -43,16 +44,32 @@ class SandboxLimits:
     wall_time_s: float = 10.0
     """Wall-clock seconds before the whole process tree is killed."""
     memory_mb: int = 1024
-    """Address space (RLIMIT_AS) per process."""
+    """Address space (RLIMIT_AS) of one process, at most (see ``total_memory_mb``)."""
+    total_memory_mb: int = 4096
+    """Memory of the program's whole process tree. Enforced as a share per process: each of the at most
+    ``max_processes`` processes gets ``min(memory_mb, total_memory_mb // max_processes)`` of address
+    space, so together they cannot exceed it (docs/sandbox.md, "Memory")."""
     file_size_mb: int = 16
     """Largest file the program may write (RLIMIT_FSIZE)."""
-    max_processes: int = 16
+    max_processes: int = 8
     """Processes and threads of the sandbox uid (RLIMIT_NPROC; exact when running as root)."""
     max_open_files: int = 64
     max_output_bytes: int = 65536
     """stdout and stderr are each cut to this many bytes; a program that writes more is stopped."""
     tmpfs_mb: int = 64
     """Size of the private /tmp, /var/tmp and /dev/shm (root only)."""
+
+    def __post_init__(self):
+        if self.process_memory_mb < MIN_PROCESS_MEMORY_MB:
+            raise ValueError(
+                f"SandboxLimits: total_memory_mb // max_processes = {self.total_memory_mb} // {self.max_processes} "
+                f"leaves {self.process_memory_mb} MB per process, below the {MIN_PROCESS_MEMORY_MB} MB a Python "
+                "process needs: raise total_memory_mb or lower max_processes")
+
+    @property
+    def process_memory_mb(self) -> int:
+        """The address space each process gets: its share of the tree's total."""
+        return min(self.memory_mb, self.total_memory_mb // self.max_processes)
 
 
 @dataclass
@@ -65,7 +82,7 @@ class SandboxResult:
     output_truncated: bool = False
     wall_s: float = 0.0
     isolation: dict[str, str] = field(default_factory=dict)
-    """What isolation was in force: ``network``, ``filesystem``, ``user``."""
+    """What isolation was in force: ``network``, ``filesystem``, ``user``, ``unix_sockets``, ``memory``."""
 
     @property
     def ok(self) -> bool:
@@ -98,7 +115,7 @@ def run_python(code: str, *, stdin: str = "", files: dict[str, str] | None = Non
             "workdir": str(workdir), "stage_dir": str(stage), "program": str(workdir / "main.py"),
             "status_path": str(base / "status.json"), "python": sys.executable, "uid": uid,
             "expose_paths": _interpreter_paths(), "tmpfs_mb": limits.tmpfs_mb,
-            "limits": {k: getattr(limits, k) for k in ("cpu_time_s", "memory_mb", "file_size_mb",
+            "limits": {k: getattr(limits, k) for k in ("cpu_time_s", "process_memory_mb", "file_size_mb",
                                                         "max_processes", "max_open_files")},
         }
         result = _run(config, stdin, limits, uid)
