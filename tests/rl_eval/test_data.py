@@ -32,7 +32,7 @@ def test_missing_field_names_file_and_row(tmp_path):
     path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps({"q": "no answer here"}) + "\n")
     with pytest.raises(EvalError) as err:
         load_eval_dataset(FileEvalDataset(path=str(path), prompt_field="q", answer_field="gold"))
-    assert str(path) in str(err.value) and "row 2" in str(err.value) and "'gold'" in str(err.value)
+    assert str(path) in str(err.value) and "line 2" in str(err.value) and "'gold'" in str(err.value)
 
 
 def test_empty_dataset_is_an_error(tmp_path):

@@ -9,41 +9,22 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from rl_core.config import StrictModel
+from rl_core.data_files import RowLocation, convert_rows
 from rl_core.types import PromptSample
-from rl_environments import ArithmeticDatasetConfig, CountdownDatasetConfig, FileDatasetConfig, build_dataset
-from rl_environments.datasets import read_records, record_to_sample
+from rl_environments import ArithmeticDatasetConfig, CountdownDatasetConfig
+from rl_environments.config import PromptFieldsConfig
+from rl_environments.datasets import load_prompt_file, record_to_sample
 from rl_eval.errors import EvalError
 
 
-class _Fields(StrictModel):
-    prompt_field: str = "problem"
-    """Field holding the question text (ignored when ``messages_field`` is set)."""
-    messages_field: str | None = None
-    """Field holding a ready chat (a list of {role, content})."""
-    answer_field: str = "answer"
-    """Field holding the reference answer (copied to metadata['answer'])."""
-    metadata_fields: list[str] = Field(default_factory=list)
-    """More fields the grader needs, copied into metadata."""
-    instruction: str | None = "Put your final answer in \\boxed{}."
-    """Appended to the question (None: nothing)."""
-    system_prompt: str | None = None
-    limit: int | None = Field(None, gt=0)
-    """Evaluate at most this many rows."""
-
-    def file_config(self) -> FileDatasetConfig:
-        return FileDatasetConfig(prompt_field=self.prompt_field, messages_field=self.messages_field,
-                                 answer_field=self.answer_field, metadata_fields=self.metadata_fields,
-                                 instruction=self.instruction, system_prompt=self.system_prompt, limit=self.limit)
-
-
-class FileEvalDataset(_Fields):
+class FileEvalDataset(PromptFieldsConfig):
     """A .jsonl, .json (list of objects) or .parquet file."""
 
     kind: Literal["file"] = "file"
     path: str
 
 
-class HFDiskEvalDataset(_Fields):
+class HFDiskEvalDataset(PromptFieldsConfig):
     """A directory written by ``datasets.Dataset.save_to_disk`` (or a DatasetDict's, with ``split``)."""
 
     kind: Literal["hf_disk"] = "hf_disk"
@@ -72,28 +53,27 @@ def default_dataset_name(cfg: EvalDatasetSource) -> str:
     return Path(cfg.path).stem if isinstance(cfg, FileEvalDataset) else Path(cfg.path).name
 
 
-def load_eval_dataset(cfg: EvalDatasetSource) -> list[PromptSample]:
-    """The items of one evaluation dataset; errors name the file and row, and an empty set is an error."""
+def load_eval_dataset(cfg: EvalDatasetSource, section: str = "data") -> list[PromptSample]:
+    """The items of one evaluation dataset; errors name the file and row (``section``: the config
+    section of ``cfg``), and an empty set is an error."""
     try:
         if isinstance(cfg, ProceduralEvalDataset):
-            samples = build_dataset(cfg.source, cfg.split, cfg.size)
-            where = f"{cfg.source.kind} dataset, split {cfg.split}"
+            samples = cfg.source.build(cfg.split, cfg.size)
+            if not samples:
+                raise EvalError(f"{cfg.source.kind} dataset, split {cfg.split}: the dataset is empty; raise its size")
+            return samples
+        if isinstance(cfg, FileEvalDataset):
+            loaded = load_prompt_file(cfg.path, cfg, section=section)
         else:
-            rows, where = _rows(cfg)
-            fc = cfg.file_config()
-            if cfg.limit is not None:
-                rows = rows[: cfg.limit]
-            samples = [record_to_sample(row, fc, f"{where}: row {i + 1}") for i, row in enumerate(rows)]
-    except (KeyError, ValueError, FileNotFoundError, ImportError) as e:
+            loaded = convert_rows(*_hf_rows(cfg), lambda row: record_to_sample(row, cfg), on_bad_row=cfg.on_bad_row,
+                                  section=section)
+    except (KeyError, ValueError, ImportError) as e:
         raise EvalError(str(e).strip("'\"")) from None
-    if not samples:
-        raise EvalError(f"{where}: the dataset is empty; point it at a file with rows or raise its size")
-    return samples
+    return loaded.items[: cfg.limit]
 
 
-def _rows(cfg: FileEvalDataset | HFDiskEvalDataset) -> tuple[list[dict], str]:
-    if isinstance(cfg, FileEvalDataset):
-        return read_records(cfg.path), cfg.path
+def _hf_rows(cfg: HFDiskEvalDataset) -> tuple[str, list[tuple[RowLocation, dict]]]:
+    """``(name, rows with their locations)`` of a ``save_to_disk`` directory."""
     try:
         import datasets
     except ImportError:
@@ -105,4 +85,5 @@ def _rows(cfg: FileEvalDataset | HFDiskEvalDataset) -> tuple[list[dict], str]:
         if cfg.split is None or cfg.split not in loaded:
             raise EvalError(f"{cfg.path}: holds splits {sorted(loaded)}; set split to one of them")
         loaded = loaded[cfg.split]
-    return list(loaded), f"{cfg.path}" + (f" [{cfg.split}]" if cfg.split else "")
+    name = f"{cfg.path}" + (f" [{cfg.split}]" if cfg.split else "")
+    return name, [(RowLocation(name, i, "row"), row) for i, row in enumerate(loaded, start=1)]

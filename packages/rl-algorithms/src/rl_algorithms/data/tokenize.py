@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rl_algorithms.data.errors import BadRow, DataError
+from rl_core.data_files import BadRow, DataError
 from rl_algorithms.data.rows import ChatSample, Message, PlainSample, Sample
 
 
