@@ -33,9 +33,9 @@ class AdvantageConfig(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> AdvantageConfig:
         if self.estimator == "gdpo" and not self.gdpo_weights:
-            raise ValueError("advantage.estimator=gdpo needs advantage.gdpo_weights, e.g. {correct: 1.0, format: 0.2}")
+            raise ValueError("grpo.advantage.estimator=gdpo needs grpo.advantage.gdpo_weights, e.g. {correct: 1.0, format: 0.2}")
         if self.clip_low is not None and self.clip_high is not None and self.clip_low > self.clip_high:
-            raise ValueError(f"advantage.clip_low ({self.clip_low}) is above clip_high ({self.clip_high})")
+            raise ValueError(f"grpo.advantage.clip_low ({self.clip_low}) is above grpo.advantage.clip_high ({self.clip_high})")
         return self
 
 
@@ -199,7 +199,7 @@ class GRPOConfig(LoopConfig):
     def _check(self) -> GRPOConfig:
         b = self.dapo.overlong_buffer_length
         if b is not None and b > self.max_new_tokens:
-            raise ValueError(f"dapo.overlong_buffer_length ({b}) exceeds grpo.max_new_tokens ({self.max_new_tokens})")
+            raise ValueError(f"grpo.dapo.overlong_buffer_length ({b}) exceeds grpo.max_new_tokens ({self.max_new_tokens})")
         if self.prev_logprobs == "training_forward" and not self.single_update:
             raise ValueError("grpo.prev_logprobs=training_forward needs one optimizer step per batch "
                              f"(num_epochs=1, num_minibatches=1; got {self.num_epochs}, {self.num_minibatches}): "
