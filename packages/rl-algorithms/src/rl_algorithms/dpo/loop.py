@@ -24,17 +24,9 @@ from rl_core.types import ModelOutputs
 Pair = tuple[TokenizedSample, TokenizedSample]
 
 
-def dpo_train(
-    cfg: DPOConfig,
-    policy: TrainingBackend,
-    train_pairs: Sequence[Pair],
-    *,
-    pad_token_id: int,
-    val_pairs: Sequence[Pair] | None = None,
-    logger: MetricsSink | None = None,
-    checkpointer: CheckpointManager | None = None,
-    seed: int = 0,
-) -> list[Metrics]:
+def dpo_train(cfg: DPOConfig, policy: TrainingBackend, train_pairs: Sequence[Pair], *, pad_token_id: int,
+              val_pairs: Sequence[Pair] | None = None, logger: MetricsSink | None = None,
+              checkpointer: CheckpointManager | None = None, seed: int = 0) -> list[Metrics]:
     """Train ``policy`` with DPO for ``cfg.max_steps`` steps; returns every step's metrics."""
     loss_fn = cfg.loss.build()
 

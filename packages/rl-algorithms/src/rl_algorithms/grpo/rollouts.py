@@ -44,17 +44,9 @@ def renumber_groups(groups: list[list[Any]]) -> list[Any]:
     return out
 
 
-def generate_rollouts(
-    cfg: GRPOConfig,
-    generation: GenerationBackend,
-    tokenizer: Any,
-    prompts: PromptStream,
-    environments: Mapping[str, Environment] | Environment,
-    *,
-    step: int,
-    seed: int,
-    env_runner: StepRunner | None = None,
-) -> tuple[list[Any], dict[str, float]]:
+def generate_rollouts(cfg: GRPOConfig, generation: GenerationBackend, tokenizer: Any, prompts: PromptStream,
+                      environments: Mapping[str, Environment] | Environment, *, step: int, seed: int,
+                      env_runner: StepRunner | None = None) -> tuple[list[Any], dict[str, float]]:
     """Episodes of ``batch_size`` groups of ``num_generations_per_prompt`` samples, and
     metrics of everything generated (rewards, lengths, truncation, tokens).
 

@@ -35,17 +35,9 @@ class RewardModelBackend(TrainingBackend, Protocol):
         ...
 
 
-def rm_train(
-    cfg: RMConfig,
-    policy: RewardModelBackend,
-    train_pairs: Sequence[Pair],
-    *,
-    pad_token_id: int,
-    val_pairs: Sequence[Pair] | None = None,
-    logger: MetricsSink | None = None,
-    checkpointer: CheckpointManager | None = None,
-    seed: int = 0,
-) -> list[Metrics]:
+def rm_train(cfg: RMConfig, policy: RewardModelBackend, train_pairs: Sequence[Pair], *, pad_token_id: int,
+             val_pairs: Sequence[Pair] | None = None, logger: MetricsSink | None = None,
+             checkpointer: CheckpointManager | None = None, seed: int = 0) -> list[Metrics]:
     """Train a reward model for ``cfg.max_steps`` steps; returns every step's metrics."""
     loss_fn = cfg.loss.build()
 

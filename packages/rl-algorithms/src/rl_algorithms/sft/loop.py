@@ -19,17 +19,9 @@ from rl_algorithms.supervised import in_chunks, supervised_train
 from rl_core.protocols import TrainingBackend
 
 
-def sft_train(
-    cfg: SFTConfig,
-    policy: TrainingBackend,
-    train_data: Sequence[TokenizedSample],
-    *,
-    pad_token_id: int,
-    val_data: Sequence[TokenizedSample] | None = None,
-    logger: MetricsSink | None = None,
-    checkpointer: CheckpointManager | None = None,
-    seed: int = 0,
-) -> list[Metrics]:
+def sft_train(cfg: SFTConfig, policy: TrainingBackend, train_data: Sequence[TokenizedSample], *, pad_token_id: int,
+              val_data: Sequence[TokenizedSample] | None = None, logger: MetricsSink | None = None,
+              checkpointer: CheckpointManager | None = None, seed: int = 0) -> list[Metrics]:
     """Train ``policy`` for ``cfg.max_steps`` steps; returns every step's metrics (index 0 holds the
     validation before training when there is one)."""
     def make_batch(samples, step, timer):
