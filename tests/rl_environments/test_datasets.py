@@ -7,13 +7,13 @@ import json
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
+from rl_core.data_files import BadRow, DataError
 from rl_environments import (
     ArithmeticDatasetConfig,
     CountdownDatasetConfig,
     DatasetConfig,
     FileDatasetConfig,
 )
-from rl_core.data_files import BadRow, DataError
 from rl_environments.calculator import evaluate
 from rl_environments.countdown import check_expression
 from rl_environments.splits import SPLITS

@@ -7,12 +7,13 @@ overrides the defaults that differ (``output_dir``, ``model``).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from pydantic import Field
 
 from rl_algorithms.checkpointing import CheckpointConfig
-from rl_algorithms.data import SyntheticDataConfig
+from rl_algorithms.data import SyntheticDataConfig, write_synthetic_dataset
 from rl_algorithms.loop import LoopConfig
 from rl_backends_train import TrainBackendConfig
 from rl_core.cluster import ClusterConfig
@@ -51,6 +52,9 @@ class RunConfig(StrictModel):
         """Whether any part of the run starts Ray actors (then Ray is started first, from ``cluster``)."""
         return self.policy.use_ray
 
+    def write_run_data(self, folder: Path) -> None:
+        """Write the data the run generates itself into ``folder`` (``<output_dir>/data``); none by default."""
+
 
 class SupervisedRunConfig(RunConfig):
     """A run over a fixed dataset (SFT, DPO, RM, distillation): its files, or a synthetic set."""
@@ -60,6 +64,10 @@ class SupervisedRunConfig(RunConfig):
 
     synthetic_data: SyntheticDataConfig | None = None
     """Generate a small dataset (written to ``<output_dir>/data``) instead of reading ``data.train_path``."""
+
+    def write_run_data(self, folder: Path) -> None:
+        if self.synthetic_data is not None:
+            write_synthetic_dataset(self.SYNTHETIC_KIND, self.synthetic_data, folder)
 
 
 class TeacherConfig(StrictModel):

@@ -127,8 +127,7 @@ def open_run(cfg: RunConfig) -> Iterator[Run]:
     out = Path(cfg.output_dir).absolute()
     out.mkdir(parents=True, exist_ok=True)
     write_atomically(out / "config.yaml", dump_config(cfg))
-    if isinstance(cfg, SupervisedRunConfig) and cfg.synthetic_data is not None:
-        write_synthetic_dataset(cfg.SYNTHETIC_KIND, cfg.synthetic_data, out / "data")
+    cfg.write_run_data(out / "data")
     if cfg.uses_ray():
         init_ray(cfg.cluster)
     checkpointer = None

@@ -19,7 +19,7 @@ from rl_apps.run_setup import open_run, report_loaded, start_run
 from rl_apps.validation import make_validate_fn
 from rl_backends_gen import GenerationConfig
 from rl_core.config import ConfigError, ConfigProblem
-from rl_environments import ArithmeticDatasetConfig, DatasetConfig, EnvConfig, FileDatasetConfig
+from rl_environments import ArithmeticDatasetConfig, DatasetConfig, EnvConfig
 
 DEFAULT_RECIPE = recipe_path("grpo_arithmetic_smollm2.yaml")
 
@@ -50,7 +50,7 @@ class GRPORunConfig(RunConfig):
 
     @model_validator(mode="after")
     def _validation_split_exists(self) -> GRPORunConfig:
-        if self.grpo.val_every > 0 and isinstance(self.data, FileDatasetConfig) and self.data.validation_path is None:
+        if self.grpo.val_every > 0 and not self.data.has_split("validation"):
             raise ValueError("grpo.val_every > 0 needs held-out prompts: set data.validation_path "
                              "(or grpo.val_every=0)")
         return self

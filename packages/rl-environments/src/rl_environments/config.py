@@ -83,11 +83,14 @@ class FileDatasetConfig(PromptFieldsConfig, PromptDatasetConfig):
     env: str | None = None
     """Environment that grades these prompts (None: the recipe's default)."""
 
+    def has_split(self, split: Split) -> bool:
+        return getattr(self, f"{split}_path") is not None
+
     def load(self, split: Split, size: int | None = None, check: PromptCheck | None = None) -> Loaded[PromptSample]:
         from rl_environments.datasets import load_prompt_file
 
         path = getattr(self, f"{split}_path")
-        if path is None:
+        if not self.has_split(split):
             raise DataError(f"the dataset has no {split}_path; set data.{split}_path to a .jsonl, .json or .parquet file")
         loaded = load_prompt_file(path, self, check)
         limit = min(n for n in (size, self.limit, len(loaded.items)) if n is not None)

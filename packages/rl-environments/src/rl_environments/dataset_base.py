@@ -32,6 +32,10 @@ class PromptDatasetConfig(StrictModel):
                 raise DataError(f"{name}, problem {i}: {bad}; change the dataset's settings") from None
         return Loaded(samples, LoadReport(path=name, num_rows=len(samples)))
 
+    def has_split(self, split: Split) -> bool:
+        """Whether the dataset can give ``split`` (procedural ones always can)."""
+        return True
+
     def generate(self, split: Split, size: int | None) -> list[PromptSample]:
         """The split's prompts; procedural datasets generate them."""
         raise NotImplementedError

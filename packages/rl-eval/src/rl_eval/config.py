@@ -43,11 +43,7 @@ class EvalDatasetConfig(StrictModel):
     """Format string for the last user message; ``{question}`` is its text, metadata fields may be used."""
 
     def grader_config(self) -> GraderConfig:
-        if self.grader is not None:
-            return self.grader
-        if isinstance(self.data, ProceduralEvalDataset):
-            return GraderConfig(name=self.data.source.kind)
-        return GraderConfig(name="math")
+        return self.grader if self.grader is not None else GraderConfig(name=self.data.default_grader())
 
 
 class EvalSamplingConfig(StrictModel):

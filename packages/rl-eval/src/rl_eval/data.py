@@ -17,14 +17,46 @@ from rl_environments.datasets import load_prompt_file, record_to_sample
 from rl_eval.errors import EvalError
 
 
-class FileEvalDataset(PromptFieldsConfig):
+class EvalSource(StrictModel):
+    """A dataset to evaluate: ``build()`` gives its items; errors name the file and row and an empty set
+    is an error (both as :class:`EvalError`)."""
+
+    def build(self, section: str = "data") -> list[PromptSample]:
+        """The items (``section``: this source's config section, named in errors)."""
+        try:
+            samples = self.samples(section)
+        except (KeyError, ValueError, ImportError) as e:
+            raise EvalError(str(e).strip("'\"")) from None
+        if not samples:
+            raise EvalError(f"{self.default_name()}: the dataset is empty; point it at rows or raise its size")
+        return samples
+
+    def samples(self, section: str) -> list[PromptSample]:
+        raise NotImplementedError
+
+    def default_name(self) -> str:
+        """The name shown in summaries when the dataset has none."""
+        raise NotImplementedError
+
+    def default_grader(self) -> str:
+        """The environment that grades it when the config names none."""
+        return "math"
+
+
+class FileEvalDataset(PromptFieldsConfig, EvalSource):
     """A .jsonl, .json (list of objects) or .parquet file."""
 
     kind: Literal["file"] = "file"
     path: str
 
+    def samples(self, section: str) -> list[PromptSample]:
+        return load_prompt_file(self.path, self, section=section).items[: self.limit]
 
-class HFDiskEvalDataset(PromptFieldsConfig):
+    def default_name(self) -> str:
+        return Path(self.path).stem
+
+
+class HFDiskEvalDataset(PromptFieldsConfig, EvalSource):
     """A directory written by ``datasets.Dataset.save_to_disk`` (or a DatasetDict's, with ``split``)."""
 
     kind: Literal["hf_disk"] = "hf_disk"
@@ -32,8 +64,33 @@ class HFDiskEvalDataset(PromptFieldsConfig):
     split: str | None = None
     """Split of a saved DatasetDict (e.g. "test")."""
 
+    def samples(self, section: str) -> list[PromptSample]:
+        name, rows = self._rows()
+        loaded = convert_rows(name, rows, lambda row: record_to_sample(row, self), on_bad_row=self.on_bad_row,
+                              section=section)
+        return loaded.items[: self.limit]
 
-class ProceduralEvalDataset(StrictModel):
+    def default_name(self) -> str:
+        return Path(self.path).name
+
+    def _rows(self) -> tuple[str, list[tuple[RowLocation, dict]]]:
+        """``(name, rows with their locations)`` of the ``save_to_disk`` directory."""
+        try:
+            import datasets
+        except ImportError:
+            raise EvalError('reading a datasets directory needs the datasets package: pip install "rl-eval[datasets]"') from None
+        if not Path(self.path).is_dir():
+            raise EvalError(f"{self.path}: no such directory (expected a datasets save_to_disk directory)")
+        loaded = datasets.load_from_disk(self.path)
+        if isinstance(loaded, datasets.DatasetDict):
+            if self.split is None or self.split not in loaded:
+                raise EvalError(f"{self.path}: holds splits {sorted(loaded)}; set split to one of them")
+            loaded = loaded[self.split]
+        name = f"{self.path}" + (f" [{self.split}]" if self.split else "")
+        return name, [(RowLocation(name, i, "row"), row) for i, row in enumerate(loaded, start=1)]
+
+
+class ProceduralEvalDataset(EvalSource):
     """A split of a procedural dataset of rl-environments (arithmetic or countdown)."""
 
     kind: Literal["procedural"] = "procedural"
@@ -43,47 +100,14 @@ class ProceduralEvalDataset(StrictModel):
     size: int | None = Field(None, gt=0)
     """Number of problems (default: the split's configured size)."""
 
+    def samples(self, section: str) -> list[PromptSample]:
+        return self.source.build(self.split, self.size)
+
+    def default_name(self) -> str:
+        return f"{self.source.kind}-{self.split}"
+
+    def default_grader(self) -> str:
+        return self.source.kind  # arithmetic and countdown grade their own problems
+
 
 EvalDatasetSource = Annotated[ProceduralEvalDataset | FileEvalDataset | HFDiskEvalDataset, Field(discriminator="kind")]
-
-
-def default_dataset_name(cfg: EvalDatasetSource) -> str:
-    if isinstance(cfg, ProceduralEvalDataset):
-        return f"{cfg.source.kind}-{cfg.split}"
-    return Path(cfg.path).stem if isinstance(cfg, FileEvalDataset) else Path(cfg.path).name
-
-
-def load_eval_dataset(cfg: EvalDatasetSource, section: str = "data") -> list[PromptSample]:
-    """The items of one evaluation dataset; errors name the file and row (``section``: the config
-    section of ``cfg``), and an empty set is an error."""
-    try:
-        if isinstance(cfg, ProceduralEvalDataset):
-            samples = cfg.source.build(cfg.split, cfg.size)
-            if not samples:
-                raise EvalError(f"{cfg.source.kind} dataset, split {cfg.split}: the dataset is empty; raise its size")
-            return samples
-        if isinstance(cfg, FileEvalDataset):
-            loaded = load_prompt_file(cfg.path, cfg, section=section)
-        else:
-            loaded = convert_rows(*_hf_rows(cfg), lambda row: record_to_sample(row, cfg), on_bad_row=cfg.on_bad_row,
-                                  section=section)
-    except (KeyError, ValueError, ImportError) as e:
-        raise EvalError(str(e).strip("'\"")) from None
-    return loaded.items[: cfg.limit]
-
-
-def _hf_rows(cfg: HFDiskEvalDataset) -> tuple[str, list[tuple[RowLocation, dict]]]:
-    """``(name, rows with their locations)`` of a ``save_to_disk`` directory."""
-    try:
-        import datasets
-    except ImportError:
-        raise EvalError('reading a datasets directory needs the datasets package: pip install "rl-eval[datasets]"') from None
-    if not Path(cfg.path).is_dir():
-        raise EvalError(f"{cfg.path}: no such directory (expected a datasets save_to_disk directory)")
-    loaded = datasets.load_from_disk(cfg.path)
-    if isinstance(loaded, datasets.DatasetDict):
-        if cfg.split is None or cfg.split not in loaded:
-            raise EvalError(f"{cfg.path}: holds splits {sorted(loaded)}; set split to one of them")
-        loaded = loaded[cfg.split]
-    name = f"{cfg.path}" + (f" [{cfg.split}]" if cfg.split else "")
-    return name, [(RowLocation(name, i, "row"), row) for i, row in enumerate(loaded, start=1)]

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from rl_core.config import config_to_dict
 from rl_eval.config import EvalConfig
-from rl_eval.data import default_dataset_name, load_eval_dataset
 from rl_eval.errors import EvalError
 from rl_eval.models import hf_model_dir, load_tokenizer
 from rl_eval.runner import EvalReport, evaluate
@@ -20,7 +19,7 @@ def run_eval(cfg: EvalConfig, *, print_fn=print) -> list[EvalReport]:
     from rl_backends_gen import build_generation_backend
     from rl_environments.registry import build_environment
 
-    datasets = [(d, d.name or default_dataset_name(d.data), load_eval_dataset(d.data, f"datasets.{i}.data"))
+    datasets = [(d, d.name or d.data.default_name(), d.data.build(f"datasets.{i}.data"))
                 for i, d in enumerate(cfg.datasets)]
     model_name = cfg.model_name or Path(cfg.model.rstrip("/")).name
     reports = []
