@@ -71,3 +71,26 @@ def test_a_ray_worker_group_never_starts_ray_with_defaults():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert "worker group 'policy' runs on Ray, but Ray is not started" in result.stdout, result.stderr
     assert "init_ray(cfg.cluster)" in result.stdout and "ray initialized: False" in result.stdout
+
+
+def test_rl_eval_starts_ray_from_its_cluster_section_for_replicas(tiny_model_dir, monkeypatch):
+    import rl_backends_gen
+    import rl_core.cluster
+    from rl_eval import EvalConfig, run_eval
+
+    calls = []
+
+    class Stop(Exception):
+        pass
+
+    def build(generation_cfg, model_dir):
+        calls.append(("build", generation_cfg.num_replicas))
+        raise Stop
+
+    monkeypatch.setattr(rl_core.cluster, "init_ray", lambda cluster: calls.append(("init_ray", cluster.num_cpus)))
+    monkeypatch.setattr(rl_backends_gen, "build_generation_backend", build)
+    cfg = EvalConfig.model_validate({"model": tiny_model_dir, "generation": {"num_replicas": 2},
+                                     "cluster": {"num_cpus": 3}, "progress": False})
+    with pytest.raises(Stop):
+        run_eval(cfg)
+    assert calls == [("init_ray", 3), ("build", 2)]

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from rl_backends_gen import GenerationConfig
+from rl_core.cluster import ClusterConfig
 from rl_core.config import StrictModel
 from rl_core.types import SamplingParams
 from rl_eval.data import EvalDatasetSource, ProceduralEvalDataset
@@ -73,6 +74,8 @@ class EvalConfig(StrictModel):
     rl-checkpoint reads (training checkpoint, DCP, Megatron, GGUF): converted to HF in a temp dir."""
     model_name: str | None = None
     """Name shown in summaries (default: the model path's last part)."""
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """Ray, started from this section when the generation backend runs replicas (``generation.num_replicas``)."""
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     """The generation backend, as in the training recipes' ``generation:`` section: ``backend`` (native,
     hf, vllm, sglang), ``dtype``, ``device``, ``max_batch_size`` (rows decoded together), ..."""

@@ -17,6 +17,7 @@ from rl_eval.runner import EvalReport, evaluate
 def run_eval(cfg: EvalConfig, *, print_fn=print) -> list[EvalReport]:
     """Evaluate ``cfg.model`` on each of ``cfg.datasets``; returns one report per dataset."""
     from rl_backends_gen import build_generation_backend
+    from rl_core.cluster import init_ray
     from rl_environments.registry import build_environment
 
     datasets = [(d, d.name or d.data.default_name(), d.data.build(f"datasets.{i}.data"))
@@ -25,6 +26,8 @@ def run_eval(cfg: EvalConfig, *, print_fn=print) -> list[EvalReport]:
     reports = []
     with hf_model_dir(cfg.model) as model_dir:
         tokenizer = load_tokenizer(model_dir)
+        if cfg.generation.num_replicas > 0:
+            init_ray(cfg.cluster)
         backend = build_generation_backend(cfg.generation, model_dir)
         try:
             for dcfg, name, samples in datasets:
