@@ -37,7 +37,7 @@ def ours(args, out_dir: Path) -> list[dict[str, float]]:
 
     overrides = [
         f"output_dir={out_dir}", f"grpo.max_steps={args.steps + 1}", "grpo.val_every=0", "checkpointing.enabled=false",
-        f"grpo.num_prompts_per_step={args.prompts}", f"grpo.num_generations_per_prompt={args.generations}",
+        f"grpo.batch_size={args.prompts}", f"grpo.num_generations_per_prompt={args.generations}",
         f"grpo.max_new_tokens={args.new_tokens}", f"grpo.temperature={args.temperature}",
         f"policy.optimizer.lr={args.lr}", "logger.tensorboard=false", "grpo.skip_steps_without_signal=false",
     ]
