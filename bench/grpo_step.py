@@ -37,7 +37,7 @@ def ours(args, out_dir: Path) -> list[dict[str, float]]:
 
     overrides = [
         f"output_dir={out_dir}", f"grpo.max_steps={args.steps + 1}", "grpo.val_every=0", "checkpointing.enabled=false",
-        f"grpo.num_prompts_per_step={args.prompts}", f"grpo.num_generations_per_prompt={args.generations}",
+        f"grpo.batch_size={args.prompts}", f"grpo.num_generations_per_prompt={args.generations}",
         f"grpo.max_new_tokens={args.new_tokens}", f"grpo.temperature={args.temperature}",
         f"policy.optimizer.lr={args.lr}", "logger.tensorboard=false", "grpo.skip_steps_without_signal=false",
     ]
@@ -58,12 +58,11 @@ def trl_run(args, out_dir: Path) -> list[dict[str, float]]:
     from rl_apps.commands import grpo
     from rl_core.config import load_config
     from rl_core.models import resolve_model
-    from rl_environments import build_dataset
 
     recipe = load_config(grpo.CONFIG_CLASS, recipe_path("grpo_arithmetic_smollm2.yaml"), [])
     model_path = resolve_model(recipe.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    samples = build_dataset(recipe.data, "train")  # the recipe's prompts and reward, as on our side
+    samples = recipe.data.build("train")  # the recipe's prompts and reward, as on our side
     rows = [{"prompt": s.messages, "answer": s.metadata["answer"]} for s in samples[: args.prompts * (args.steps + 2)]]
     env = grpo.build_env(recipe.env, "env")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from rl_apps import recipe_path
+from rl_apps.cli import main
 from rl_apps.commands import distill, xtoken_distill
 from rl_core.config import load_config
 from rl_core.models import save_tiny_model
@@ -50,9 +51,9 @@ def test_distill_recipe_lowers_held_out_kl(tmp_path):
 
 def test_distill_refuses_a_teacher_with_another_tokenizer(tmp_path, capsys):
     teacher = save_tiny_model(tmp_path / "teacher", family="qwen2", tokenizer_variant="char")
-    cfg = load_config(distill.CONFIG_CLASS, recipe_path("distill_tiny.yaml"),
-                      [f"output_dir={tmp_path / 'run'}", f"teacher.model={teacher}"])
-    assert distill.run(cfg) == 1
+    code = main(["distill", "--config", recipe_path("distill_tiny.yaml"), f"output_dir={tmp_path / 'run'}",
+                 f"teacher.model={teacher}"])
+    assert code == 2
     assert "rl xtoken-distill" in capsys.readouterr().err
 
 
@@ -60,7 +61,7 @@ def test_xtoken_recipe_with_a_character_level_teacher(tmp_path):
     out = tmp_path / "run"
     teacher = sharp_teacher(tmp_path / "teacher", tokenizer_variant="char")
     metrics = run_recipe(xtoken_distill, "xtoken_tiny.yaml", out, f"teacher.model={teacher}", "xtoken.max_steps=4",
-                         "xtoken.val_every=4", "xtoken.ce_coef=0.0",
+                         "xtoken.val_every=4", "xtoken.loss.ce_coef=0.0",
                          "policy.optimizer.lr=1e-2")
     val = [m for m in metrics if "val/xtoken_kl" in m]
     assert [m["step"] for m in val] == [0, 4]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 
 import pytest
+import yaml
 
 from rl_apps import recipe_path
 from rl_apps.cli import main
 from rl_core.logging import read_jsonl_metrics
-from rl_environments import build_dataset
 
 SMOKE = recipe_path("grpo_smoke_tiny.yaml")
 
@@ -80,6 +80,13 @@ def test_recipes_resolve(recipe, capsys):
     assert "grpo:" in capsys.readouterr().out
 
 
+def test_gspo_kind_alone_runs_gspo_defaults(capsys):
+    """`loss.kind=gspo` on a recipe that sets no clip range: the resolved config holds GSPO's."""
+    assert main(["grpo", "--config", SMOKE, "--print-config", "loss.kind=gspo"]) == 0
+    loss = yaml.safe_load(capsys.readouterr().out)["loss"]
+    assert (loss["ratio_clip_low"], loss["ratio_clip_high"], loss["reduction"]) == (3e-4, 4e-4, "sequence")
+
+
 def test_bad_override_exits_2_before_writing(tmp_path, capsys):
     out = tmp_path / "never"
     assert main(["grpo", "--config", SMOKE, f"output_dir={out}", "grpo.num_generation_per_prompt=4"]) == 2
@@ -108,7 +115,7 @@ def test_main_recipe_grades_as_documented():
     from rl_core.config import load_config
 
     cfg = load_config(GRPORunConfig, recipe_path("grpo_arithmetic_smollm2.yaml"), [])
-    sample = build_dataset(cfg.data, "validation", size=1)[0]
+    sample = cfg.data.build("validation", size=1)[0]
     question = sample.messages[-1]["content"]
     assert question.startswith("What is ") and question.endswith(r"then your final answer as \boxed{ANSWER}.")
     a, b = (int(x) for x in sample.metadata["problem"].split(" + "))

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from rl_apps import recipe_path
+from rl_apps.cli import main
 from rl_apps.commands import sft
 from rl_core.config import load_config
 from rl_core.models import resolve_model
@@ -75,8 +76,8 @@ def test_sft_lora_recipe_changes_only_adapted_weights(tmp_path):
 def test_sft_bad_row_stops_with_file_and_line(tmp_path, capsys, bad_line):
     data = tmp_path / "train.jsonl"
     data.write_bytes(b'{"prompt": "1 + 1?", "response": "2"}\n' + bad_line + b"\n")
-    cfg = load_config(sft.CONFIG_CLASS, recipe_path("sft_tiny.yaml"),
-                      [f"output_dir={tmp_path / 'run'}", "synthetic_data=null", f"data.train_path={data}"])
-    assert sft.run(cfg) == 1
+    code = main(["sft", "--config", recipe_path("sft_tiny.yaml"), f"output_dir={tmp_path / 'run'}",
+                 "synthetic_data=null", f"data.train_path={data}"])
+    assert code == 2
     assert f"{data}, line 2: " in capsys.readouterr().err
     assert not (tmp_path / "run").exists()

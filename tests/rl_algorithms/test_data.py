@@ -194,5 +194,5 @@ def test_epoch_sampler_resumes_exactly():
     resumed = EpochSampler(num_items=10, batch_size=3, seed=7)
     resumed.load_state_dict(state)
     assert [resumed.next_batch() for _ in range(5)] == expected
-    assert state == {"epoch": 1, "position": 3}
+    assert state == {"epoch": 1, "position": 3, "num_items": 10}
     assert torch.equal(torch.tensor(first[3]), torch.tensor(EpochSampler(10, 3, seed=7)._permutation(1)[:3]))

@@ -34,7 +34,7 @@ def test_on_policy_distillation_loop_trains_validates_and_refits(tiny_model_dir,
     tokenizer = build_tiny_tokenizer()
     path = write_jsonl(synthetic_rows("prompts", 24, seed=0), tmp_path / "prompts.jsonl")
     prompts = load_prompt_dataset(path, PromptDataConfig(train_path=path), tokenizer).items
-    cfg = DistillConfig(max_steps=2, num_prompts_per_step=8, max_new_tokens=8, topk=16, val_every=2,
+    cfg = DistillConfig(max_steps=2, batch_size=8, max_new_tokens=8, teacher_top_k=16, val_every=2,
                         val_batch_size=8)
     student_cfg = TrainBackendConfig(use_ray=False, reference_model=False, micro_batch_size=8, optimizer={"lr": 5e-3})
     teacher_cfg = TrainBackendConfig(use_ray=False, reference_model=False, micro_batch_size=8, optimizer={"lr": 0.0})

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rl_algorithms.grpo import GRPOConfig
 from rl_algorithms.rollout import EnvRunner, EnvRunnerConfig, RayEnvRunner, run_rollouts
 from rl_core.types import PromptSample, SamplingParams, StepResult
-from rl_environments import SlidingPuzzleDatasetConfig, SlidingPuzzleEnvironment, build_dataset
+from rl_environments import SlidingPuzzleDatasetConfig, SlidingPuzzleEnvironment
 
 
 def sampling(tokenizer, max_new_tokens=5, seed=7) -> SamplingParams:
@@ -85,7 +85,7 @@ def next_round(engine, tokenizer, environments, runner, num_generations: int):
 
 
 def test_ray_actors_give_the_same_episodes_as_threads(ray_session, engine, tokenizer):
-    samples = build_dataset(SlidingPuzzleDatasetConfig(scramble_moves=6), "train", 2)
+    samples = SlidingPuzzleDatasetConfig(scramble_moves=6).build("train", 2)
     env = SlidingPuzzleEnvironment()
     args = (tokenizer, samples, env, sampling(tokenizer))
     in_threads = run_rollouts(engine, *args, num_generations_per_prompt=2, max_turns=2)

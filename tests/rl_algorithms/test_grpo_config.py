@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from rl_algorithms.grpo import GRPOConfig, LossConfig, PromptStream
 from rl_algorithms.grpo.rollouts import step_seed
-from rl_algorithms.losses import ClippedPolicyGradientLoss, GSPOLoss
+from rl_algorithms.losses import ClippedPolicyGradientLoss
 from rl_core.types import PromptSample
 
 
@@ -15,12 +15,30 @@ def test_loss_config_builds_each_variant():
     grpo = LossConfig().build()
     assert type(grpo) is ClippedPolicyGradientLoss and grpo.ratio_level == "token"
     gspo = LossConfig(kind="gspo", ratio_clip_low=3e-4, ratio_clip_high=4e-4, reduction="sequence").build()
-    assert isinstance(gspo, GSPOLoss) and gspo.ratio_level == "sequence" and gspo.reduction == "sequence"
+    assert type(gspo) is ClippedPolicyGradientLoss and gspo.ratio_level == "sequence" and gspo.reduction == "sequence"
     tis = LossConfig(importance_sampling={"truncation": "mask", "weight_min": 0.5}).build()
     assert tis.importance_sampling.truncation == "mask" and tis.importance_sampling.weight_min == 0.5
     # KL in the reward: the loss itself carries no KL term and needs no reference in the loss.
     in_reward = LossConfig(kl_coef=0.1, kl_in_reward=True)
     assert in_reward.build().kl_coef == 0.0 and in_reward.needs_reference
+
+
+def test_gspo_alone_gets_its_own_defaults():
+    """`loss.kind=gspo` with nothing else: GSPO's clip range and sequence reduction, not clipped PG's."""
+    from rl_core.config import dump_config, load_config
+
+    alone = LossConfig(kind="gspo").build()
+    assert (alone.ratio_clip_low, alone.ratio_clip_high, alone.reduction, alone.ratio_level) == (
+        3e-4, 4e-4, "sequence", "sequence")
+    # A value the config sets wins over the kind's default; the other defaults still apply.
+    wide = LossConfig(kind="gspo", ratio_clip_high=0.5).build()
+    assert (wide.ratio_clip_low, wide.ratio_clip_high, wide.reduction) == (3e-4, 0.5, "sequence")
+    assert LossConfig(kind="gspo", reduction="token").build().reduction == "token"
+    # The same from an override; the resolved config shows the values that run.
+    cfg = load_config(LossConfig, None, ["kind=gspo"])
+    assert (cfg.ratio_clip_low, cfg.ratio_clip_high, cfg.reduction) == (3e-4, 4e-4, "sequence")
+    assert "ratio_clip_low: 0.0003" in dump_config(cfg)
+    assert LossConfig().build().ratio_clip_low == 0.2
 
 
 def test_bad_configs_are_rejected():
@@ -29,7 +47,7 @@ def test_bad_configs_are_rejected():
     with pytest.raises(ValidationError, match="overlong_buffer_length"):
         GRPOConfig(max_new_tokens=16, dapo={"overlong_buffer_length": 32})
     with pytest.raises(ValidationError, match="num_minibatches"):
-        GRPOConfig(num_prompts_per_step=3, num_generations_per_prompt=3, num_minibatches=2)
+        GRPOConfig(batch_size=3, num_generations_per_prompt=3, num_minibatches=2)
     with pytest.raises(ValidationError, match="extra"):
         GRPOConfig(num_prompt_per_step=3)
     with pytest.raises(ValidationError, match="training_forward needs one optimizer step"):

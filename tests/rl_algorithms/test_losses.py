@@ -8,9 +8,9 @@ import pickle
 import pytest
 import torch
 
+from rl_algorithms.grpo import LossConfig
 from rl_algorithms.losses import (
     ClippedPolicyGradientLoss,
-    GSPOLoss,
     ImportanceSampling,
     kl_estimate,
     kl_penalized_rewards,
@@ -112,7 +112,7 @@ def test_cispo_detaches_the_clipped_ratio():
 def test_gspo_sequence_ratio():
     s0 = (1.5 * 0.5 * 1.1) ** (1 / 3)  # exp(mean log-ratio) = geometric mean of the token ratios
     s1 = (0.7 * 1.3) ** 0.5
-    loss, metrics, logprobs = run(GSPOLoss())
+    loss, metrics, logprobs = run(LossConfig(kind="gspo").build())
     # eps (3e-4, 4e-4): row 0 (A=1) max(-s0, -0.9997) = -s0; row 1 (A=-2) max(2 s1, 2 * 0.9997) = 1.9994.
     assert loss.item() == pytest.approx((-s0 + 2 * 0.9997) / 2, abs=1e-6)
     assert metrics["ratio_mean"] == pytest.approx((3 * s0 + 2 * s1) / 5, abs=1e-6)
@@ -126,7 +126,7 @@ def test_gspo_sequence_ratio():
 def test_gspo_with_wide_clip_matches_sequence_ratio_by_hand():
     s0 = (1.5 * 0.5 * 1.1) ** (1 / 3)
     s1 = (0.7 * 1.3) ** 0.5
-    loss, _, _ = run(GSPOLoss(ratio_clip_low=0.5, ratio_clip_high=0.5))
+    loss, _, _ = run(LossConfig(kind="gspo", ratio_clip_low=0.5, ratio_clip_high=0.5).build())
     assert loss.item() == pytest.approx((-s0 + 2 * s1) / 2, abs=1e-6)
 
 

@@ -23,7 +23,6 @@ from rl_environments import (
     ArithmeticEnvironment,
     SlidingPuzzleDatasetConfig,
     SlidingPuzzleEnvironment,
-    build_dataset,
     reward_function_environment,
 )
 
@@ -79,7 +78,7 @@ def check_episode_tokens(episode, backend: RecordingBackend, tokenizer) -> None:
 
 def test_single_turn_tokens_logprobs_and_groups(engine, tokenizer):
     backend = RecordingBackend(engine)
-    samples = build_dataset(ArithmeticDatasetConfig(), "test", 3)
+    samples = ArithmeticDatasetConfig().build("test", 3)
     episodes = run_rollouts(backend, tokenizer, samples, ArithmeticEnvironment(answer_format="either"),
                             sampling(tokenizer), num_generations_per_prompt=2)
     assert [(e.group_id, e.sample_index) for e in episodes] == [(g, s) for g in range(3) for s in range(2)]
@@ -95,7 +94,7 @@ def test_single_turn_tokens_logprobs_and_groups(engine, tokenizer):
 
 def test_multi_turn_sliding_puzzle_bookkeeping(engine, tokenizer):
     backend = RecordingBackend(engine)
-    samples = build_dataset(SlidingPuzzleDatasetConfig(scramble_moves=6), "train", 2)
+    samples = SlidingPuzzleDatasetConfig(scramble_moves=6).build("train", 2)
     episodes = run_rollouts(backend, tokenizer, samples, {"sliding_puzzle": SlidingPuzzleEnvironment()},
                             sampling(tokenizer, max_new_tokens=6), num_generations_per_prompt=2, max_turns=3)
     assert len(backend.calls) == 3  # all episodes' next turns batched into one call per turn
@@ -108,7 +107,7 @@ def test_multi_turn_sliding_puzzle_bookkeeping(engine, tokenizer):
 
 
 def test_env_workers_process_pool_gives_the_same_episodes(engine, tokenizer):
-    samples = build_dataset(SlidingPuzzleDatasetConfig(scramble_moves=6), "train", 2)
+    samples = SlidingPuzzleDatasetConfig(scramble_moves=6).build("train", 2)
     args = (tokenizer, samples, SlidingPuzzleEnvironment(), sampling(tokenizer, max_new_tokens=5, seed=7))
     in_process = run_rollouts(engine, *args, num_generations_per_prompt=2, max_turns=2)
     pooled = run_rollouts(engine, *args, num_generations_per_prompt=2, max_turns=2, env_workers=1)
@@ -117,7 +116,7 @@ def test_env_workers_process_pool_gives_the_same_episodes(engine, tokenizer):
 
 
 def test_max_total_length_truncates(engine, tokenizer):
-    samples = build_dataset(SlidingPuzzleDatasetConfig(scramble_moves=6), "train", 1)
+    samples = SlidingPuzzleDatasetConfig(scramble_moves=6).build("train", 1)
     prompt_length = len(ChatTokens(tokenizer).prompt_tokens(samples[0].messages))
     backend = RecordingBackend(engine)
     short = run_rollouts(backend, tokenizer, samples, SlidingPuzzleEnvironment(), sampling(tokenizer, max_new_tokens=16),
@@ -166,7 +165,7 @@ def test_environment_faults_are_isolated(engine, tokenizer):
         "no_observation": Garbage(StepResult(reward=0.0, done=False)),
         "bad_fn": reward_function_environment("time:sleep"),  # wrong signature: raises TypeError
     }
-    base = build_dataset(ArithmeticDatasetConfig(), "validation", 1)[0]
+    base = ArithmeticDatasetConfig().build("validation", 1)[0]
     samples = [PromptSample(messages=base.messages, metadata=base.metadata, env=name) for name in environments]
     start = time.monotonic()
     episodes = run_rollouts(engine, tokenizer, samples, environments, sampling(tokenizer),
@@ -210,7 +209,7 @@ def test_template_that_rewrites_history_is_rejected(tokenizer):
 
 
 def test_episodes_to_batch_and_metrics(engine, tokenizer):
-    samples = build_dataset(SlidingPuzzleDatasetConfig(scramble_moves=6), "train", 2)
+    samples = SlidingPuzzleDatasetConfig(scramble_moves=6).build("train", 2)
     episodes = run_rollouts(engine, tokenizer, samples, SlidingPuzzleEnvironment(), sampling(tokenizer, max_new_tokens=4),
                             num_generations_per_prompt=2, max_turns=2)
     episodes[1].token_ids = episodes[1].token_ids[:-3]  # make lengths differ to see the padding

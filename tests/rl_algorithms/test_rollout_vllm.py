@@ -12,7 +12,7 @@ from rollout_testlib import RecordingBackend
 
 from rl_algorithms.rollout import episodes_to_batch, run_rollouts
 from rl_core.types import SamplingParams
-from rl_environments import SlidingPuzzleDatasetConfig, SlidingPuzzleEnvironment, build_dataset
+from rl_environments import SlidingPuzzleDatasetConfig, SlidingPuzzleEnvironment
 
 pytestmark = [
     pytest.mark.vllm,
@@ -41,7 +41,7 @@ def vllm_backend(tiny_model_dir):
 def puzzle_run(vllm_backend, tokenizer):
     """Two puzzles x two samples, three turns each, through vLLM: (recording backend, episodes)."""
     backend = RecordingBackend(vllm_backend)
-    samples = build_dataset(SlidingPuzzleDatasetConfig(scramble_moves=6), "train", 2)
+    samples = SlidingPuzzleDatasetConfig(scramble_moves=6).build("train", 2)
     sampling = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=3,
                               stop_token_ids=(tokenizer.eos_token_id,))
     episodes = run_rollouts(backend, tokenizer, samples, {"sliding_puzzle": SlidingPuzzleEnvironment()}, sampling,

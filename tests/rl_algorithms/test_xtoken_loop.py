@@ -30,7 +30,8 @@ def test_xtoken_distillation_lowers_held_out_kl(tiny_model_dir, char_teacher_dir
     tokenizers = XTokenTokenizers.build(student_tokenizer, teacher_tokenizer)
     projection = build_vocab_projection(student_tokenizer, teacher_tokenizer)
     texts = [row["text"] for row in synthetic_rows("text", 24, seed=0)]
-    cfg = XTokenConfig(max_steps=4, texts_per_step=8, topk=16, kl_coef=1.0, ce_coef=0.0, val_every=4)
+    cfg = XTokenConfig(max_steps=4, batch_size=8, teacher_top_k=16, loss={"kl_coef": 1.0, "ce_coef": 0.0},
+                       val_every=4)
     student_cfg = TrainBackendConfig(use_ray=False, reference_model=False, micro_batch_size=8, optimizer={"lr": 1e-2})
     teacher_cfg = TrainBackendConfig(use_ray=False, reference_model=False, micro_batch_size=8, optimizer={"lr": 0.0})
     with build_training_backend(student_cfg, tiny_model_dir) as student, \

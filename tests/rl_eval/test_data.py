@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rl_eval.data import FileEvalDataset, HFDiskEvalDataset, ProceduralEvalDataset, load_eval_dataset
+from rl_eval.data import FileEvalDataset, HFDiskEvalDataset, ProceduralEvalDataset
 from rl_eval.errors import EvalError
 from rl_eval.graders import MultipleChoiceEnvironment, extract_choice, voting_answer
 
@@ -22,7 +22,7 @@ def test_jsonl_and_parquet_with_field_names(tmp_path):
     for name in ("d.jsonl", "d.parquet"):
         cfg = FileEvalDataset(path=str(tmp_path / name), prompt_field="q", answer_field="gold",
                               metadata_fields=["level"], instruction=None)
-        samples = load_eval_dataset(cfg)
+        samples = cfg.build()
         assert [s.messages for s in samples] == [[{"role": "user", "content": r["q"]}] for r in ROWS]
         assert [s.metadata for s in samples] == [{"level": r["level"], "answer": r["gold"]} for r in ROWS]
 
@@ -31,31 +31,31 @@ def test_missing_field_names_file_and_row(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps({"q": "no answer here"}) + "\n")
     with pytest.raises(EvalError) as err:
-        load_eval_dataset(FileEvalDataset(path=str(path), prompt_field="q", answer_field="gold"))
-    assert str(path) in str(err.value) and "row 2" in str(err.value) and "'gold'" in str(err.value)
+        FileEvalDataset(path=str(path), prompt_field="q", answer_field="gold").build()
+    assert str(path) in str(err.value) and "line 2" in str(err.value) and "'gold'" in str(err.value)
 
 
 def test_empty_dataset_is_an_error(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(EvalError, match="empty"):
-        load_eval_dataset(FileEvalDataset(path=str(tmp_path / "empty.jsonl")))
+        FileEvalDataset(path=str(tmp_path / "empty.jsonl")).build()
     with pytest.raises(EvalError, match="does not exist"):
-        load_eval_dataset(FileEvalDataset(path=str(tmp_path / "missing.jsonl")))
+        FileEvalDataset(path=str(tmp_path / "missing.jsonl")).build()
 
 
 def test_procedural_sets():
-    arithmetic = load_eval_dataset(ProceduralEvalDataset(size=5))
+    arithmetic = ProceduralEvalDataset(size=5).build()
     assert len(arithmetic) == 5 and all("answer" in s.metadata for s in arithmetic)
-    again = load_eval_dataset(ProceduralEvalDataset(size=5))
+    again = ProceduralEvalDataset(size=5).build()
     assert [s.messages for s in again] == [s.messages for s in arithmetic]
-    countdown = load_eval_dataset(ProceduralEvalDataset.model_validate({"source": {"kind": "countdown"}, "size": 3}))
+    countdown = ProceduralEvalDataset.model_validate({"source": {"kind": "countdown"}, "size": 3}).build()
     assert len(countdown) == 3
 
 
 def test_hf_datasets_directory(tmp_path):
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "hf"))
-    samples = load_eval_dataset(HFDiskEvalDataset(path=str(tmp_path / "hf"), prompt_field="q", answer_field="gold"))
+    samples = HFDiskEvalDataset(path=str(tmp_path / "hf"), prompt_field="q", answer_field="gold").build()
     assert [s.metadata["answer"] for s in samples] == ["4", "9"]
 
 

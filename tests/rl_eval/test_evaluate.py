@@ -11,7 +11,7 @@ from rl_core.types import SamplingParams, StepResult
 from rl_environments.answers import last_assistant_text
 from rl_environments.registry import list_environments, register_environment
 from rl_eval import EvalConfig, EvalError, evaluate, pass_at_k
-from rl_eval.data import ProceduralEvalDataset, load_eval_dataset
+from rl_eval.data import ProceduralEvalDataset
 from rl_eval.metrics import cons_at_k, mean_at_k
 
 
@@ -41,7 +41,7 @@ def engine(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def items():
-    return load_eval_dataset(ProceduralEvalDataset(size=6))
+    return ProceduralEvalDataset(size=6).build()
 
 
 def test_end_to_end_metrics_match_per_item_results(engine, tiny_tokenizer, items):

@@ -8,20 +8,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import os
 import shlex
 import sys
 from collections.abc import Sequence
-from types import ModuleType
 
 from rl_apps import __version__, list_recipes, recipe_path
 from rl_apps.commands import COMMANDS, CommandSpec
 
 EXIT_USAGE = 2
 """Exit code for a bad command line or config (as argparse uses)."""
-
-_REQUIRED_ATTRIBUTES = ("CONFIG_CLASS", "DEFAULT_RECIPE", "run")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -44,11 +40,10 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
     except SystemExit as e:
         return _exit_code(e)
 
-    module = _import_command(spec)
-    if module is None:
-        return EXIT_USAGE
+    module = importlib.import_module(spec.module)
 
     from rl_core.config import ConfigError, dump_config, load_config
+    from rl_core.data_files import DataError
 
     config_path = _resolve_config_path(args.config, module.DEFAULT_RECIPE)
     if isinstance(config_path, _Missing):
@@ -66,7 +61,7 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
         return 0
     try:
         return int(module.run(cfg) or 0)
-    except ConfigError as e:  # a check that needs more than the schema (e.g. a model path that does not exist)
+    except (ConfigError, DataError) as e:  # a check that needs more than the schema, or a bad data file
         print(f"rl {spec.name}: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -75,7 +70,7 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    lines = [f"  {name:<16}{spec.summary}{_availability(spec)}" for name, spec in COMMANDS.items()]
+    lines = [f"  {name:<16}{spec.summary}" for name, spec in COMMANDS.items()]
     recipes = list_recipes()
     epilog = "commands:\n" + "\n".join(lines)
     if recipes:
@@ -111,36 +106,6 @@ def _command_parser(spec: CommandSpec) -> argparse.ArgumentParser:
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     parser.add_argument("overrides", nargs="*", metavar="key.subkey=value", help="config overrides")
     return parser
-
-
-def _module_exists(spec: CommandSpec) -> bool:
-    try:
-        return importlib.util.find_spec(spec.module) is not None
-    except ModuleNotFoundError:  # a parent package is missing
-        return False
-
-
-def _availability(spec: CommandSpec) -> str:
-    if _module_exists(spec):
-        return ""
-    return f" (not available yet: issue #{spec.issue})" if spec.issue is not None else " (not available yet)"
-
-
-def _import_command(spec: CommandSpec) -> ModuleType | None:
-    """Import the command's module, or say clearly that it is not available yet (returns None)."""
-    see = f": see issue #{spec.issue}" if spec.issue is not None else ""
-    if not _module_exists(spec):
-        print(f"`rl {spec.name}` is not available yet{see}", file=sys.stderr)
-        return None
-    module = importlib.import_module(spec.module)
-    missing = [name for name in _REQUIRED_ATTRIBUTES if not hasattr(module, name)]
-    if missing:
-        print(
-            f"`rl {spec.name}` is not available yet: {spec.module} does not define {', '.join(missing)}{see}",
-            file=sys.stderr,
-        )
-        return None
-    return module
 
 
 class _Missing:

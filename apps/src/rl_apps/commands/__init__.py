@@ -5,9 +5,8 @@ Each subcommand lives in ``rl_apps/commands/<module>.py`` and exposes:
 * ``CONFIG_CLASS``: a StrictModel subclass, the whole config of the command;
 * ``DEFAULT_RECIPE``: path of a YAML in ``rl_apps/recipes/`` used when ``--config`` is omitted
   (``rl_apps.recipe_path("name.yaml")``), or None to start from CONFIG_CLASS's defaults;
-* ``run(cfg) -> int``: runs the command on a validated config and returns the exit code.
-
-A registered command whose module is not written yet says so and exits 2; it is never faked.
+* ``run(cfg) -> int``: runs the command on a validated config and returns the exit code (a
+  ``ConfigError`` or ``DataError`` it raises is reported on one line with exit code 2).
 """
 
 from __future__ import annotations
@@ -25,25 +24,18 @@ class CommandSpec:
     """Import path of the module implementing it."""
     summary: str
     """One line for ``rl --help``."""
-    issue: int | None = None
-    """The project issue that builds it (named while the module does not exist yet)."""
 
 
 COMMANDS: dict[str, CommandSpec] = {
     spec.name: spec
     for spec in [
-        CommandSpec("grpo", "rl_apps.commands.grpo", "GRPO and its variants (DAPO, GSPO, GDPO)", issue=5),
-        CommandSpec("sft", "rl_apps.commands.sft", "supervised fine-tuning (full or LoRA)", issue=7),
-        CommandSpec("dpo", "rl_apps.commands.dpo", "direct preference optimisation", issue=7),
-        CommandSpec("rm", "rl_apps.commands.rm", "train a Bradley-Terry reward model", issue=7),
-        CommandSpec("distill", "rl_apps.commands.distill", "on-policy distillation from a teacher", issue=7),
-        CommandSpec(
-            "xtoken-distill",
-            "rl_apps.commands.xtoken_distill",
-            "cross-tokenizer off-policy distillation",
-            issue=7,
-        ),
-        CommandSpec("eval", "rl_apps.commands.eval", "pass@k evaluation of a checkpoint", issue=9),
+        CommandSpec("grpo", "rl_apps.commands.grpo", "GRPO and its variants (DAPO, GSPO, GDPO)"),
+        CommandSpec("sft", "rl_apps.commands.sft", "supervised fine-tuning (full or LoRA)"),
+        CommandSpec("dpo", "rl_apps.commands.dpo", "direct preference optimisation"),
+        CommandSpec("rm", "rl_apps.commands.rm", "train a Bradley-Terry reward model"),
+        CommandSpec("distill", "rl_apps.commands.distill", "on-policy distillation from a teacher"),
+        CommandSpec("xtoken-distill", "rl_apps.commands.xtoken_distill", "cross-tokenizer off-policy distillation"),
+        CommandSpec("eval", "rl_apps.commands.eval", "pass@k evaluation of a checkpoint"),
     ]
 }
 

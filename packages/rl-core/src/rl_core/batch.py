@@ -29,28 +29,6 @@ def select(batch: Batch, index: torch.Tensor | Sequence[int] | slice) -> Batch:
     return {k: v[index] for k, v in batch.items()}
 
 
-def concat(batches: Sequence[Batch], pad_values: dict[str, float] | None = None) -> Batch:
-    """Concatenate along samples, right-padding 2-D+ tensors to the longest sequence."""
-    if not batches:
-        raise ValueError("concat needs at least one batch")
-    pad_values = pad_values or {}
-    out: Batch = {}
-    for key in batches[0]:
-        parts = [b[key] for b in batches]
-        if parts[0].dim() >= 2:
-            length = max(p.shape[1] for p in parts)
-            parts = [pad_dim1(p, length, pad_values.get(key, 0)) for p in parts]
-        out[key] = torch.cat(parts, dim=0)
-    return out
-
-
-def pad_dim1(t: torch.Tensor, length: int, value: float = 0) -> torch.Tensor:
-    if t.shape[1] >= length:
-        return t
-    pad = t.new_full((t.shape[0], length - t.shape[1], *t.shape[2:]), value)
-    return torch.cat([t, pad], dim=1)
-
-
 def split(batch: Batch, micro_batch_size: int) -> list[Batch]:
     """Consecutive micro-batches of at most ``micro_batch_size`` samples."""
     if micro_batch_size <= 0:

@@ -11,7 +11,6 @@ from typing import Literal, get_args
 
 from pydantic import Field
 
-from rl_core.config import StrictModel
 from rl_core.types import PromptSample, StepResult
 from rl_environments.answers import (
     AnswerFormat,
@@ -24,11 +23,12 @@ from rl_environments.answers import (
     parse_number,
 )
 from rl_environments.calculator import evaluate
+from rl_environments.dataset_base import PromptDatasetConfig
 from rl_environments.prompts import BOXED_INSTRUCTION, user_messages
 from rl_environments.splits import Split, generate_split
 
 
-class ArithmeticDatasetConfig(StrictModel):
+class ArithmeticDatasetConfig(PromptDatasetConfig):
     """Settings of the procedural arithmetic dataset."""
 
     kind: Literal["arithmetic"] = "arithmetic"
@@ -39,13 +39,16 @@ class ArithmeticDatasetConfig(StrictModel):
     num_operands: int = Field(2, ge=2, le=8)
     operators: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+", "-"], min_length=1)
     """Operators to draw from."""
-    train_size: int = Field(10000, ge=0)
+    train_size: int = Field(10000, gt=0)
     validation_size: int = Field(200, ge=0)
     test_size: int = Field(200, ge=0)
     system_prompt: str | None = None
     """Optional system message put before each question."""
     instruction: str = BOXED_INSTRUCTION
     """Appended to each question ``What is <problem>?`` (empty: the bare question)."""
+
+    def generate(self, split: Split, size: int | None) -> list[PromptSample]:
+        return arithmetic_split(self, split, size)
 
 
 def make_problem(rng: random.Random, cfg: ArithmeticDatasetConfig) -> str:

@@ -8,10 +8,14 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from rl_core.config import StrictModel
+from rl_core.data_files import BadRowPolicy, DataError, FileFormat, Loaded
 from rl_core.protocols import Environment
+from rl_core.types import PromptSample
 from rl_environments.arithmetic import ArithmeticDatasetConfig
 from rl_environments.countdown import CountdownDatasetConfig
+from rl_environments.dataset_base import PromptCheck, PromptDatasetConfig
 from rl_environments.sliding_puzzle import SlidingPuzzleDatasetConfig
+from rl_environments.splits import Split
 
 
 class EnvConfig(StrictModel):
@@ -40,14 +44,15 @@ class ToolsDatasetConfig(ArithmeticDatasetConfig):
     digits: int = Field(3, ge=1, le=9)
     operators: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["*"], min_length=1)
 
+    def generate(self, split: Split, size: int | None) -> list[PromptSample]:
+        from rl_environments.tools import tools_split
 
-class FileDatasetConfig(StrictModel):
-    """Prompts from JSONL / JSON / parquet files, one file per split."""
+        return tools_split(self, split, size)
 
-    kind: Literal["file"] = "file"
-    train_path: str | None = None
-    validation_path: str | None = None
-    test_path: str | None = None
+
+class PromptFieldsConfig(StrictModel):
+    """How the rows of a prompt file become prompts: which fields hold what, and what to do with a bad row."""
+
     prompt_field: str = "problem"
     """Field holding the question text (ignored when ``messages_field`` is set)."""
     messages_field: str | None = None
@@ -59,10 +64,37 @@ class FileDatasetConfig(StrictModel):
     instruction: str | None = "Put your final answer in \\boxed{}."
     """Appended to the question text (None: nothing)."""
     system_prompt: str | None = None
+    limit: int | None = Field(None, gt=0)
+    """Use at most this many rows (the first ones)."""
+    format: FileFormat = "auto"
+    """``auto`` picks by file extension (``.jsonl``, ``.json`` or ``.parquet``)."""
+    on_bad_row: BadRowPolicy = "error"
+    """``error``: stop with a message naming the file and row. ``skip``: drop the row and count it."""
+
+
+class FileDatasetConfig(PromptFieldsConfig, PromptDatasetConfig):
+    """Prompts from JSONL / JSON / parquet files, one file per split. Every row is checked before a run
+    starts: a bad row stops it with the file and row named, or is skipped and counted (``on_bad_row``)."""
+
+    kind: Literal["file"] = "file"
+    train_path: str | None = None
+    validation_path: str | None = None
+    test_path: str | None = None
     env: str | None = None
     """Environment that grades these prompts (None: the recipe's default)."""
-    limit: int | None = Field(None, gt=0)
-    """Read at most this many rows per split."""
+
+    def has_split(self, split: Split) -> bool:
+        return getattr(self, f"{split}_path") is not None
+
+    def load(self, split: Split, size: int | None = None, check: PromptCheck | None = None) -> Loaded[PromptSample]:
+        from rl_environments.datasets import load_prompt_file
+
+        path = getattr(self, f"{split}_path")
+        if not self.has_split(split):
+            raise DataError(f"the dataset has no {split}_path; set data.{split}_path to a .jsonl, .json or .parquet file")
+        loaded = load_prompt_file(path, self, check)
+        limit = min(n for n in (size, self.limit, len(loaded.items)) if n is not None)
+        return Loaded(loaded.items[:limit], loaded.report)
 
 
 DatasetConfig = Annotated[

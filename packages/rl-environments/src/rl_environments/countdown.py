@@ -14,15 +14,15 @@ from typing import Literal
 
 from pydantic import Field
 
-from rl_core.config import StrictModel
 from rl_core.types import PromptSample, StepResult
 from rl_environments.answers import extract_boxed, last_assistant_text
 from rl_environments.calculator import CalculatorError, evaluate, numbers_used
+from rl_environments.dataset_base import PromptDatasetConfig
 from rl_environments.prompts import user_messages
 from rl_environments.splits import Split, generate_split
 
 
-class CountdownDatasetConfig(StrictModel):
+class CountdownDatasetConfig(PromptDatasetConfig):
     """Settings of the procedural countdown dataset."""
 
     kind: Literal["countdown"] = "countdown"
@@ -32,10 +32,13 @@ class CountdownDatasetConfig(StrictModel):
     max_number: int = Field(20, ge=2, le=1000)
     """Numbers are drawn from 1 .. max_number."""
     operators: list[Literal["+", "-", "*", "/"]] = Field(default_factory=lambda: ["+", "-", "*"], min_length=1)
-    train_size: int = Field(10000, ge=0)
+    train_size: int = Field(10000, gt=0)
     validation_size: int = Field(200, ge=0)
     test_size: int = Field(200, ge=0)
     system_prompt: str | None = None
+
+    def generate(self, split: Split, size: int | None) -> list[PromptSample]:
+        return countdown_split(self, split, size)
 
 
 def make_problem(rng: random.Random, cfg: CountdownDatasetConfig) -> tuple[tuple[int, ...], int]:

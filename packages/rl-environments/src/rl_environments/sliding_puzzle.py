@@ -14,9 +14,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from rl_core.config import StrictModel
 from rl_core.types import PromptSample, StepResult
 from rl_environments.answers import last_assistant_text
+from rl_environments.dataset_base import PromptDatasetConfig
 from rl_environments.prompts import user_messages
 from rl_environments.splits import Split, generate_split
 
@@ -71,7 +71,7 @@ def render(board: Board, size: int) -> str:
     return "\n".join(rows)
 
 
-class SlidingPuzzleDatasetConfig(StrictModel):
+class SlidingPuzzleDatasetConfig(PromptDatasetConfig):
     """Settings of the sliding-puzzle starts."""
 
     kind: Literal["sliding_puzzle"] = "sliding_puzzle"
@@ -80,10 +80,13 @@ class SlidingPuzzleDatasetConfig(StrictModel):
     """Board side N (N x N board)."""
     scramble_moves: int = Field(8, ge=1, le=200)
     """Difficulty: random moves from the solved board."""
-    train_size: int = Field(1000, ge=0)
+    train_size: int = Field(1000, gt=0)
     validation_size: int = Field(50, ge=0)
     test_size: int = Field(50, ge=0)
     system_prompt: str | None = None
+
+    def generate(self, split: Split, size: int | None) -> list[PromptSample]:
+        return sliding_puzzle_split(self, split, size)
 
 
 def sliding_puzzle_split(cfg: SlidingPuzzleDatasetConfig, split: Split, size: int | None = None) -> list[PromptSample]:

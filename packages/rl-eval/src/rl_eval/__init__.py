@@ -1,7 +1,8 @@
 """pass@k / cons@k evaluation of any checkpoint on any dataset.
 
-``evaluate(generation, tokenizer, dataset, grader, sampling, k_values)`` is the one evaluation function:
-``rl eval``, ``rl-eval`` and GRPO's validation all call it.
+``evaluate(generation, tokenizer, dataset, grader, sampling, k_values)`` evaluates a generation backend;
+its metrics come from ``evaluate_rollouts(rollout, dataset, sampling, k_values)``, which GRPO's
+validation calls with its own (multi-turn) rollouts: ``rl eval``, ``rl-eval`` and validation share them.
 """
 
 __version__ = "0.1.0"
@@ -9,10 +10,11 @@ __version__ = "0.1.0"
 from rl_eval.config import EvalConfig, EvalDatasetConfig, EvalSamplingConfig, GraderConfig
 from rl_eval.errors import EvalError
 from rl_eval.metrics import cons_at_k, majority_vote, mean_at_k, pass_at_k
-from rl_eval.runner import EvalReport, ItemResult, SampleResult, evaluate
+from rl_eval.runner import EvalReport, ItemResult, Rollout, SampleResult, evaluate, evaluate_rollouts, graded_sample
 
 __all__ = ["EvalConfig", "EvalDatasetConfig", "EvalError", "EvalReport", "EvalSamplingConfig", "GraderConfig",
-           "ItemResult", "SampleResult", "cons_at_k", "evaluate", "majority_vote", "mean_at_k", "pass_at_k"]
+           "ItemResult", "Rollout", "SampleResult", "cons_at_k", "evaluate", "evaluate_rollouts", "graded_sample",
+           "majority_vote", "mean_at_k", "pass_at_k"]
 
 
 def run_eval(cfg: EvalConfig, **kwargs):

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from rl_backends_gen import GenerationConfig
+from rl_core.cluster import ClusterConfig
 from rl_core.config import StrictModel
 from rl_core.types import SamplingParams
 from rl_eval.data import EvalDatasetSource, ProceduralEvalDataset
@@ -42,11 +44,7 @@ class EvalDatasetConfig(StrictModel):
     """Format string for the last user message; ``{question}`` is its text, metadata fields may be used."""
 
     def grader_config(self) -> GraderConfig:
-        if self.grader is not None:
-            return self.grader
-        if isinstance(self.data, ProceduralEvalDataset):
-            return GraderConfig(name=self.data.source.kind)
-        return GraderConfig(name="math")
+        return self.grader if self.grader is not None else GraderConfig(name=self.data.default_grader())
 
 
 class EvalSamplingConfig(StrictModel):
@@ -76,12 +74,11 @@ class EvalConfig(StrictModel):
     rl-checkpoint reads (training checkpoint, DCP, Megatron, GGUF): converted to HF in a temp dir."""
     model_name: str | None = None
     """Name shown in summaries (default: the model path's last part)."""
-    backend: Literal["native", "hf", "vllm"] = "native"
-    """Generation backend: the native torch engine, HF generate, or vLLM (needs rl-backends-gen[vllm])."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    device: str = "cpu"
-    max_batch_size: int = Field(64, gt=0)
-    """Rows the engine decodes together."""
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """Ray, started from this section when the generation backend runs replicas (``generation.num_replicas``)."""
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    """The generation backend, as in the training recipes' ``generation:`` section: ``backend`` (native,
+    hf, vllm, sglang), ``dtype``, ``device``, ``max_batch_size`` (rows decoded together), ..."""
     batch_size: int = Field(32, gt=0)
     """Items per generate call (progress bar granularity)."""
     sampling: EvalSamplingConfig = Field(default_factory=EvalSamplingConfig)

@@ -42,23 +42,6 @@ def hf_model_dir(model: str) -> Iterator[str]:
         yield str(Path(tmp) / "hf")
 
 
-def build_backend(kind: str, model_dir: str, *, dtype: str, device: str, max_batch_size: int):
-    """The GenerationBackend ``kind`` (native, hf, vllm) over ``model_dir``."""
-    if kind == "native":
-        from rl_backends_gen.native import NativeEngine
-
-        return NativeEngine(model_dir, dtype=dtype, device=device, max_batch_size=max_batch_size)
-    if kind == "hf":
-        from rl_backends_gen.hf import HFGenerationBackend
-
-        return HFGenerationBackend(model_dir, dtype=dtype, device=device)
-    try:
-        from rl_backends_gen import GenerationConfig, build_generation_backend
-    except ImportError:
-        raise EvalError('the vLLM backend needs rl-backends-gen with vLLM: pip install "rl-backends-gen[vllm]"') from None
-    return build_generation_backend(GenerationConfig(backend="vllm", dtype=dtype), model_dir)
-
-
 def load_tokenizer(model_dir: str):
     from transformers import AutoTokenizer
 

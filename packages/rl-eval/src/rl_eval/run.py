@@ -9,23 +9,26 @@ from pathlib import Path
 
 from rl_core.config import config_to_dict
 from rl_eval.config import EvalConfig
-from rl_eval.data import default_dataset_name, load_eval_dataset
 from rl_eval.errors import EvalError
-from rl_eval.models import build_backend, hf_model_dir, load_tokenizer
+from rl_eval.models import hf_model_dir, load_tokenizer
 from rl_eval.runner import EvalReport, evaluate
 
 
 def run_eval(cfg: EvalConfig, *, print_fn=print) -> list[EvalReport]:
     """Evaluate ``cfg.model`` on each of ``cfg.datasets``; returns one report per dataset."""
+    from rl_backends_gen import build_generation_backend
+    from rl_core.cluster import init_ray
     from rl_environments.registry import build_environment
 
-    datasets = [(d, d.name or default_dataset_name(d.data), load_eval_dataset(d.data)) for d in cfg.datasets]
+    datasets = [(d, d.name or d.data.default_name(), d.data.build(f"datasets.{i}.data"))
+                for i, d in enumerate(cfg.datasets)]
     model_name = cfg.model_name or Path(cfg.model.rstrip("/")).name
     reports = []
     with hf_model_dir(cfg.model) as model_dir:
         tokenizer = load_tokenizer(model_dir)
-        backend = build_backend(cfg.backend, model_dir, dtype=cfg.dtype, device=cfg.device,
-                                max_batch_size=cfg.max_batch_size)
+        if cfg.generation.num_replicas > 0:
+            init_ray(cfg.cluster)
+        backend = build_generation_backend(cfg.generation, model_dir)
         try:
             for dcfg, name, samples in datasets:
                 grader_cfg = dcfg.grader_config()

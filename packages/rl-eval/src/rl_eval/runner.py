@@ -1,13 +1,15 @@
 """``evaluate``: generate n samples per item with any GenerationBackend, grade them, compute metrics.
 
-GRPO's validation calls this same function (through ``rl_eval.evaluate``), so a number in a training
-log and a number from ``rl eval`` mean the same thing.
+The metrics come from :func:`evaluate_rollouts`, which takes the samples from any ``rollout`` function:
+``evaluate`` uses single-turn generation and grading; GRPO's validation passes its multi-turn rollouts
+(environments, turn and length limits). So a number in a training log and a number from ``rl eval``
+are computed by the same code and mean the same thing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rl_core.protocols import Environment, GenerationBackend
@@ -25,7 +27,25 @@ class SampleResult:
     correct: bool
     reward: float
     num_tokens: int
+    """Tokens the model generated (over all turns)."""
     finish_reason: str
+    reward_components: dict[str, float] = field(default_factory=dict)
+    truncated: bool = False
+    """Ended by a token or length limit rather than by the model or the environment."""
+
+
+Rollout = Callable[[Sequence[PromptSample], SamplingParams], list[list[SampleResult]]]
+"""``rollout(items, sampling)``: ``sampling.n`` graded samples of every item, ``result[i][j]``."""
+
+
+def graded_sample(text: str, reward: float, reward_components: dict[str, float], num_tokens: int, finish_reason: str,
+                  *, answer_format: str = "boxed", truncated: bool = False, threshold: float = 0.5) -> SampleResult:
+    """A sample as evaluation counts it: correct when the grader's ``correct`` component (or its reward,
+    when it has none) is at least ``threshold``; its voting answer extracted with ``answer_format``."""
+    score = reward_components.get("correct", reward)
+    return SampleResult(text=text, answer=voting_answer(text, answer_format), correct=bool(score >= threshold),
+                        reward=float(reward), num_tokens=num_tokens, finish_reason=finish_reason,
+                        reward_components=dict(reward_components), truncated=truncated)
 
 
 @dataclass
@@ -73,6 +93,17 @@ class EvalReport:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self) | {"num_items": self.num_items}
 
+    def sample_metrics(self) -> dict[str, float]:
+        """Means over every sample: ``reward_mean``, ``response_length_mean``, ``truncated_fraction`` and
+        ``reward/<name>`` for each reward component."""
+        samples = [s for item in self.items for s in item.samples]
+        metrics = {"reward_mean": _mean(s.reward for s in samples),
+                   "response_length_mean": _mean(s.num_tokens for s in samples),
+                   "truncated_fraction": _mean(float(s.truncated) for s in samples)}
+        for name in sorted({k for s in samples for k in s.reward_components}):
+            metrics[f"reward/{name}"] = _mean(s.reward_components.get(name, 0.0) for s in samples)
+        return metrics
+
 
 def evaluate(generation: GenerationBackend, tokenizer, dataset: Sequence[PromptSample], grader: Environment,
              sampling: SamplingParams, k_values: Sequence[int] = (1,), *, model_name: str = "model",
@@ -95,6 +126,22 @@ def evaluate(generation: GenerationBackend, tokenizer, dataset: Sequence[PromptS
         correct_threshold: a sample is correct when the grader's ``correct`` component (or its reward,
             when it has no such component) is at least this.
     """
+    def rollout(items: Sequence[PromptSample], params: SamplingParams) -> list[list[SampleResult]]:
+        prompts = [render_prompt(tokenizer, sample, prompt_template) for sample in items]
+        desc = f"{'greedy' if params.temperature == 0 else 'eval'} {dataset_name}"
+        completions = _generate(generation, prompts, params, batch_size, progress, desc)
+        return [[_grade(tokenizer, grader, sample, c, answer_format, correct_threshold) for c in per_item]
+                for sample, per_item in zip(items, completions)]
+
+    return evaluate_rollouts(rollout, dataset, sampling, k_values, model_name=model_name, dataset_name=dataset_name,
+                             greedy=greedy)
+
+
+def evaluate_rollouts(rollout: Rollout, dataset: Sequence[PromptSample], sampling: SamplingParams,
+                      k_values: Sequence[int] = (1,), *, model_name: str = "model", dataset_name: str = "dataset",
+                      greedy: bool = False) -> EvalReport:
+    """The report of ``sampling.n`` samples per item from ``rollout``: pass@k, cons@k and mean@k for each
+    k, and with ``greedy`` the accuracy of one more greedy sample per item."""
     sampling.validate()
     k_values = sorted(set(k_values))
     if not dataset:
@@ -102,20 +149,17 @@ def evaluate(generation: GenerationBackend, tokenizer, dataset: Sequence[PromptS
     for k in k_values:
         if not 1 <= k <= sampling.n:
             raise EvalError(f"k={k} needs at least k samples per item but n={sampling.n}; raise n or lower k")
-    prompts = [render_prompt(tokenizer, sample, prompt_template) for sample in dataset]
-    completions = _generate(generation, prompts, sampling, batch_size, progress, f"eval {dataset_name}")
-    greedy_completions = None
+    results = rollout(dataset, sampling)
+    greedy_results = None
     if greedy:
         greedy_sampling = dataclasses.replace(sampling, temperature=0.0, n=1, top_p=1.0, top_k=0, min_p=0.0)
-        greedy_completions = _generate(generation, prompts, greedy_sampling, batch_size, progress,
-                                       f"greedy {dataset_name}")
+        greedy_results = rollout(dataset, greedy_sampling)
     items = []
     for i, sample in enumerate(dataset):
-        results = [_grade(tokenizer, grader, sample, c, answer_format, correct_threshold) for c in completions[i]]
-        item = ItemResult(index=i, messages=sample.messages, reference=_reference(sample), samples=results,
-                          metrics=item_metrics(results, k_values))
-        if greedy_completions is not None:
-            item.greedy = _grade(tokenizer, grader, sample, greedy_completions[i][0], answer_format, correct_threshold)
+        item = ItemResult(index=i, messages=sample.messages, reference=_reference(sample), samples=results[i],
+                          metrics=item_metrics(results[i], k_values))
+        if greedy_results is not None:
+            item.greedy = greedy_results[i][0]
             item.metrics["greedy"] = float(item.greedy.correct)
         items.append(item)
     names = list(items[0].metrics)
@@ -168,12 +212,16 @@ def _grade(tokenizer, grader, sample: PromptSample, completion, answer_format: s
     text = completion.text if completion.text is not None else tokenizer.decode(completion.token_ids,
                                                                                  skip_special_tokens=True)
     step = grader.step(sample.messages + [{"role": "assistant", "content": text}], sample.metadata, None)
-    score = step.reward_components.get("correct", step.reward)
-    return SampleResult(text=text, answer=voting_answer(text, answer_format), correct=bool(score >= threshold),
-                        reward=float(step.reward), num_tokens=completion.num_tokens,
-                        finish_reason=completion.finish_reason)
+    return graded_sample(text, step.reward, step.reward_components, completion.num_tokens, completion.finish_reason,
+                         answer_format=answer_format, truncated=completion.finish_reason == "length",
+                         threshold=threshold)
 
 
 def _reference(sample: PromptSample) -> str | None:
     ref = sample.metadata.get("answer", sample.metadata.get("target"))
     return None if ref is None else str(ref)
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0

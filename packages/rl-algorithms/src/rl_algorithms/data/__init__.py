@@ -1,9 +1,9 @@
 """Datasets for supervised and preference training: reading, bad-row handling, tokenisation, batches.
 
-* :mod:`.reading`: JSONL / parquet rows with their file and row number.
+* :mod:`rl_core.data_files`: JSONL / JSON / parquet rows with their file and row number, bad-row policy.
 * :mod:`.rows`: records -> chats (messages) or plain prompt/response samples, preference pairs, texts.
 * :mod:`.tokenize`: chat template + loss masks on assistant tokens, computed from templated prefixes.
-* :mod:`.loading`: whole files, with ``on_bad_row: error | skip``.
+* :mod:`.loading`: whole files of each kind, with ``on_bad_row: error | skip``.
 * :mod:`.collate`: right-padded batches; preference pairs interleaved (rows 2i chosen, 2i+1 rejected).
 """
 
@@ -15,21 +15,18 @@ from rl_algorithms.data.config import (
     PromptDataConfig,
     TextDataConfig,
 )
-from rl_algorithms.data.errors import BadRow, DataError
 from rl_algorithms.data.loading import (
-    Loaded,
-    LoadReport,
     load_chat_dataset,
     load_preference_dataset,
     load_prompt_dataset,
     load_rows,
     load_text_dataset,
 )
-from rl_algorithms.data.reading import read_records
 from rl_algorithms.data.rows import ChatSample, PlainSample, parse_chat_row, parse_preference_row
 from rl_algorithms.data.sampler import EpochSampler
 from rl_algorithms.data.synthetic import SyntheticDataConfig, synthetic_rows, write_jsonl, write_synthetic_dataset
 from rl_algorithms.data.tokenize import TokenizedSample, prompt_token_ids, render_chat, tokenize_sample
+from rl_core.data_files import BadRow, DataError, Loaded, LoadReport
 
 __all__ = [
     "BadRow",
@@ -56,7 +53,6 @@ __all__ = [
     "parse_chat_row",
     "parse_preference_row",
     "prompt_token_ids",
-    "read_records",
     "render_chat",
     "split_pairs",
     "SyntheticDataConfig",

@@ -7,21 +7,19 @@ from typing import Literal
 from pydantic import Field
 
 from rl_core.config import StrictModel
-
-BadRowPolicy = Literal["error", "skip"]
-FileFormat = Literal["auto", "jsonl", "parquet"]
+from rl_core.data_files import BadRowPolicy, FileFormat
 
 
 class DataFileConfig(StrictModel):
     """Where the rows are and what to do with rows that cannot be used."""
 
     train_path: str | None = None
-    """A ``.jsonl`` (one JSON object per line) or ``.parquet`` file of training rows (the commands'
-    ``synthetic_data`` section can generate one instead)."""
+    """A ``.jsonl`` (one JSON object per line), ``.json`` (a list of objects) or ``.parquet`` file of
+    training rows (the commands' ``synthetic_data`` section can generate one instead)."""
     validation_path: str | None = None
     """Held-out rows in the same layout (None: no validation)."""
     format: FileFormat = "auto"
-    """``auto`` picks by file extension (``.jsonl``/``.json`` or ``.parquet``)."""
+    """``auto`` picks by file extension (``.jsonl``, ``.json`` or ``.parquet``)."""
     max_length: int = Field(1024, gt=1)
     """Most tokens of one tokenised sample (prompt + response). Longer rows are bad rows."""
     on_bad_row: BadRowPolicy = "error"

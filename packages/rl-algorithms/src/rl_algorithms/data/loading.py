@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from rl_algorithms.data.config import (
     ChatDataConfig,
@@ -13,64 +12,20 @@ from rl_algorithms.data.config import (
     PromptDataConfig,
     TextDataConfig,
 )
-from rl_algorithms.data.errors import BadRow, DataError, bad_row_error
-from rl_algorithms.data.reading import read_records
 from rl_algorithms.data.rows import parse_chat_row, parse_preference_row, parse_prompt, parse_text_row
 from rl_algorithms.data.tokenize import TokenizedSample, prompt_token_ids, tokenize_sample
+from rl_core import data_files
+from rl_core.data_files import BadRow, DataError, Loaded
 
 T = TypeVar("T")
-MAX_REASONS_KEPT = 20
-
-
-@dataclass
-class LoadReport:
-    """What happened while loading one file."""
-
-    path: str
-    num_rows: int = 0
-    """Rows read (blank JSONL lines are not rows)."""
-    num_skipped: int = 0
-    """Bad rows dropped under ``on_bad_row: skip``."""
-    skipped_reasons: list[str] = field(default_factory=list)
-    """``file, line N: reason`` of the first skipped rows (at most 20)."""
-
-    @property
-    def num_kept(self) -> int:
-        return self.num_rows - self.num_skipped
-
-
-@dataclass
-class Loaded(Generic[T]):
-    """The usable items of a file, in file order, and the load report."""
-
-    items: list[T]
-    report: LoadReport
-
-    def __len__(self) -> int:
-        return len(self.items)
 
 
 def load_rows(path: str | None, cfg: DataFileConfig, convert: Callable[[dict[str, Any]], T]) -> Loaded[T]:
-    """Read ``path`` and ``convert`` each record; bad rows raise :class:`DataError` or are skipped."""
+    """Read ``path`` and ``convert`` each record; bad rows raise :class:`DataError` or are skipped
+    (``cfg.on_bad_row``), see :func:`rl_core.data_files.load_rows`."""
     if path is None:
         raise DataError("no dataset file given: set data.train_path (or use the command's synthetic_data section)")
-    report = LoadReport(path=str(path))
-    items: list[T] = []
-    for location, record in read_records(path, cfg.format):
-        report.num_rows += 1
-        try:
-            if isinstance(record, BadRow):
-                raise record
-            items.append(convert(record))
-        except BadRow as bad:
-            if cfg.on_bad_row == "error":
-                raise bad_row_error(location, str(bad)) from None
-            report.num_skipped += 1
-            if len(report.skipped_reasons) < MAX_REASONS_KEPT:
-                report.skipped_reasons.append(f"{location}: {bad}")
-    if not items:
-        raise DataError(f"{path}: no usable rows ({report.num_rows} read, {report.num_skipped} skipped as bad)")
-    return Loaded(items, report)
+    return data_files.load_rows(path, convert, on_bad_row=cfg.on_bad_row, file_format=cfg.format)
 
 
 def load_chat_dataset(path: str, cfg: ChatDataConfig, tokenizer) -> Loaded[TokenizedSample]:

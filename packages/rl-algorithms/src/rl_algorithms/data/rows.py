@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_algorithms.data.config import ChatDataConfig, PreferenceDataConfig, TextDataConfig
-from rl_algorithms.data.errors import BadRow
+from rl_core.data_files import BadRow
 
 Message = dict[str, str]
 

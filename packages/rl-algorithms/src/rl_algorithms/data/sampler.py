@@ -43,9 +43,12 @@ class EpochSampler:
         return batch
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
+        return {"epoch": self.epoch, "position": self.position, "num_items": self.num_items}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("num_items", self.num_items) != self.num_items:
+            raise ValueError(f"the checkpoint was written for {state['num_items']} training items but the data now "
+                             f"holds {self.num_items}: resume with the same data settings")
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self._order = self._permutation(self.epoch)

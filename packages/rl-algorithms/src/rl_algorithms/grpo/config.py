@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rl_algorithms.losses import ClippedPolicyGradientLoss, GSPOLoss, ImportanceSampling
+from rl_algorithms.loop import LoopConfig
+from rl_algorithms.losses import ClippedPolicyGradientLoss, ImportanceSampling
 from rl_algorithms.rollout.config import EnvRunnerConfig
 from rl_core.config import StrictModel
 
@@ -32,9 +33,9 @@ class AdvantageConfig(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> AdvantageConfig:
         if self.estimator == "gdpo" and not self.gdpo_weights:
-            raise ValueError("advantage.estimator=gdpo needs advantage.gdpo_weights, e.g. {correct: 1.0, format: 0.2}")
+            raise ValueError("grpo.advantage.estimator=gdpo needs grpo.advantage.gdpo_weights, e.g. {correct: 1.0, format: 0.2}")
         if self.clip_low is not None and self.clip_high is not None and self.clip_low > self.clip_high:
-            raise ValueError(f"advantage.clip_low ({self.clip_low}) is above clip_high ({self.clip_high})")
+            raise ValueError(f"grpo.advantage.clip_low ({self.clip_low}) is above grpo.advantage.clip_high ({self.clip_high})")
         return self
 
 
@@ -70,19 +71,29 @@ class ImportanceSamplingConfig(StrictModel):
         return ImportanceSampling(**self.model_dump())
 
 
+KIND_DEFAULTS: dict[str, dict[str, object]] = {
+    "clipped_pg": {},
+    # A length-normalised sequence ratio moves far less than a token ratio: the GSPO paper's clip range.
+    "gspo": {"ratio_clip_low": 3e-4, "ratio_clip_high": 4e-4, "reduction": "sequence"},
+}
+"""The defaults of each ``loss.kind`` that differ from the field defaults; a value the config sets wins."""
+
+
 class LossConfig(StrictModel):
-    """The policy loss. kind=gspo uses the sequence-level ratio exp(mean log-ratio)."""
+    """The policy loss. kind=gspo uses the sequence-level ratio exp(mean log-ratio), with its own defaults
+    (``KIND_DEFAULTS``) for the fields the config does not set."""
 
     kind: Literal["clipped_pg", "gspo"] = "clipped_pg"
     objective: Literal["clipped", "reinforce", "cispo"] = "clipped"
     """clipped: PPO-style min of clipped/unclipped. reinforce: -A logp (no ratio). cispo: -A sg(clip(r)) logp."""
     ratio_clip_low: float = Field(0.2, ge=0.0, lt=1.0)
+    """eps_low: the ratio is clipped below at 1 - ratio_clip_low (gspo default: 3e-4)."""
     ratio_clip_high: float = Field(0.2, ge=0.0)
-    """DAPO clip-higher sets this above ratio_clip_low (e.g. 0.28)."""
+    """eps_high; DAPO clip-higher sets this above ratio_clip_low (e.g. 0.28) (gspo default: 4e-4)."""
     dual_clip: float | None = Field(None, gt=1.0)
     """Bound the loss of negative-advantage tokens at -A * dual_clip (None: off)."""
     reduction: Literal["token", "sequence"] = "token"
-    """token: mean over all valid tokens of the batch. sequence: mean of per-sequence means."""
+    """token: mean over all valid tokens of the batch. sequence: mean of per-sequence means (gspo default)."""
     kl_coef: float = Field(0.0, ge=0.0)
     """beta of the KL-to-reference penalty. 0 (and kl_in_reward false): no reference model is kept."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -98,8 +109,7 @@ class LossConfig(StrictModel):
         return self.kl_coef > 0
 
     def build(self) -> ClippedPolicyGradientLoss:
-        cls = GSPOLoss if self.kind == "gspo" else ClippedPolicyGradientLoss
-        return cls(
+        return ClippedPolicyGradientLoss(
             ratio_clip_low=self.ratio_clip_low,
             ratio_clip_high=self.ratio_clip_high,
             dual_clip=self.dual_clip,
@@ -112,6 +122,14 @@ class LossConfig(StrictModel):
             positive_nll_coef=self.positive_nll_coef,
         )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_defaults(cls, data: Any) -> Any:
+        """Fill the kind's own defaults into the fields the config leaves unset."""
+        if isinstance(data, dict) and isinstance(data.get("kind"), str):
+            return {**KIND_DEFAULTS.get(data["kind"], {}), **data}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> LossConfig:
         if self.kind == "gspo" and self.objective != "clipped":
@@ -121,14 +139,13 @@ class LossConfig(StrictModel):
         return self
 
 
-class GRPOConfig(StrictModel):
+class GRPOConfig(LoopConfig):
     """The GRPO loop: how many prompts and samples per step, sampling, validation, variants."""
 
-    num_prompts_per_step: int = Field(8, gt=0)
+    batch_size: int = Field(8, gt=0)
     """Prompts (groups) per training step."""
     num_generations_per_prompt: int = Field(8, gt=1)
     """G: samples per prompt; advantages compare samples of the same prompt."""
-    max_steps: int = Field(100, gt=0)
     num_epochs: int = Field(1, gt=0)
     """Passes over each step's batch."""
     num_minibatches: int = Field(1, gt=0)
@@ -156,10 +173,6 @@ class GRPOConfig(StrictModel):
     """Where environment steps run (threads, a process pool or Ray actors) and their timeout."""
     placement: Literal["colocated", "separate"] = "colocated"
     """colocated: the generation backend sleeps while the policy trains (shared devices)."""
-    val_every: int = Field(0, ge=0)
-    """Validate every N steps (and before the first and after the last step); 0: never."""
-    val_at_start: bool = True
-    """Also validate before the first step (the baseline of the learning curve)."""
     val_num_prompts: int = Field(64, gt=0)
     """Held-out prompts per validation."""
     val_pass_k: int = Field(1, gt=0)
@@ -186,13 +199,13 @@ class GRPOConfig(StrictModel):
     def _check(self) -> GRPOConfig:
         b = self.dapo.overlong_buffer_length
         if b is not None and b > self.max_new_tokens:
-            raise ValueError(f"dapo.overlong_buffer_length ({b}) exceeds grpo.max_new_tokens ({self.max_new_tokens})")
+            raise ValueError(f"grpo.dapo.overlong_buffer_length ({b}) exceeds grpo.max_new_tokens ({self.max_new_tokens})")
         if self.prev_logprobs == "training_forward" and not self.single_update:
             raise ValueError("grpo.prev_logprobs=training_forward needs one optimizer step per batch "
                              f"(num_epochs=1, num_minibatches=1; got {self.num_epochs}, {self.num_minibatches}): "
                              "use 'recompute' or 'auto'")
-        batch = self.num_prompts_per_step * self.num_generations_per_prompt
+        batch = self.batch_size * self.num_generations_per_prompt
         if batch % self.num_minibatches:
-            raise ValueError(f"num_minibatches ({self.num_minibatches}) must divide the step's "
-                             f"{batch} samples (num_prompts_per_step x num_generations_per_prompt)")
+            raise ValueError(f"grpo.num_minibatches ({self.num_minibatches}) must divide the step's "
+                             f"{batch} samples (grpo.batch_size x grpo.num_generations_per_prompt)")
         return self

@@ -1,10 +1,13 @@
-"""The stream of training prompts: seeded shuffled epochs, with a position that checkpoints can store."""
+"""The stream of training prompts (seeded shuffled epochs, with a position that checkpoints can store),
+and the check every prompt passes before a run starts."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from rl_core.data_files import BadRow
 from rl_core.types import PromptSample
 
 
@@ -51,3 +54,19 @@ class PromptStream:
             raise ValueError(f"the checkpoint was written for {state['num_samples']} training prompts but the data "
                              f"now holds {len(self.samples)}: resume with the same data settings")
         self.consumed = int(state["consumed"])
+
+
+def prompt_length_check(tokenizer: Any, max_total_length: int) -> Callable[[PromptSample], None]:
+    """A check for dataset loaders: a prompt whose chat-templated tokens leave no room for a generated
+    token under ``grpo.max_total_length`` is a bad row (it would silently generate nothing)."""
+    from rl_algorithms.rollout.chat_tokens import ChatTokens
+
+    chat = ChatTokens(tokenizer)
+
+    def check(sample: PromptSample) -> None:
+        length = len(chat.prompt_tokens(sample.messages))
+        if length >= max_total_length:
+            raise BadRow(f"the prompt is {length} tokens, which leaves no room to generate under "
+                         f"grpo.max_total_length={max_total_length}; shorten it or raise grpo.max_total_length")
+
+    return check

@@ -12,11 +12,10 @@ Simplifications, stated: the driver holds the whole step's batch; validation is 
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -25,25 +24,13 @@ from rl_algorithms.grpo.config import GRPOConfig, LossConfig
 from rl_algorithms.grpo.data import PromptStream
 from rl_algorithms.grpo.rewards import compute_rewards_and_advantages
 from rl_algorithms.grpo.rollouts import generate_rollouts
-from rl_algorithms.loop_helpers import load_latest
+from rl_algorithms.loop import Metrics, MetricsSink, Validate, refit, train_loop
 from rl_algorithms.losses import loss_token_mask, mismatch_metrics
 from rl_algorithms.rollout.env_runner import StepRunner
 from rl_core.batch import Batch, batch_size, select
 from rl_core.protocols import Environment, GenerationBackend, LossFn, TrainingBackend
 from rl_core.timer import Timer
 from rl_core.types import PromptSample
-
-log = logging.getLogger(__name__)
-
-Metrics = dict[str, float]
-
-
-class MetricsSink(Protocol):
-    """Where step metrics go (rl_core.logging.MetricsLogger implements this)."""
-
-    def log(self, metrics: dict[str, float], step: int, prefix: str = "train") -> Any: ...
-
-    # Optional: ``log_samples(samples: list[dict], step)`` receives example generations when present.
 
 
 def grpo_train(
@@ -57,11 +44,11 @@ def grpo_train(
     *,
     logger: MetricsSink | None = None,
     checkpointer: CheckpointManager | None = None,
-    validate_fn: Callable[[int], Metrics] | None = None,
+    validate_fn: Validate | None = None,
     seed: int = 0,
     env_runner: StepRunner | None = None,
 ) -> list[Metrics]:
-    """Train ``policy`` with GRPO for ``cfg.max_steps`` steps.
+    """Train ``policy`` with GRPO for ``cfg.max_steps`` steps (the skeleton is :func:`rl_algorithms.loop.train_loop`).
 
     Environments run in ``env_runner`` for the whole run (the caller shuts it down); without one,
     each step builds its own from ``cfg.env_runner`` (for Ray actors, pass one: they take seconds to start).
@@ -74,28 +61,13 @@ def grpo_train(
         raise ValueError("loss.kl_in_reward needs pi_old before training: set grpo.prev_logprobs to 'auto' or 'recompute'")
     loss_fn = loss_cfg.build()
     prompts = PromptStream(train_data, seed)
-    start_step, history = maybe_resume(checkpointer, policy, generation, prompts)
-    validating = validate_fn is not None and cfg.val_every > 0
-    if start_step == 0 and validating and cfg.val_at_start:
-        history.append(record(logger, {}, validate_fn(0), 0))
 
-    for step in range(start_step, cfg.max_steps):
-        timer = Timer()
-        metrics = grpo_step(cfg, loss_cfg, loss_fn, policy, generation, tokenizer, prompts, environments,
-                            step=step, seed=seed, timer=timer, logger=logger, env_runner=env_runner)
-        done = step + 1
-        last = done == cfg.max_steps
-        val_metrics: Metrics = {}
-        if validating and (done % cfg.val_every == 0 or last):
-            with timer.time("validate"):
-                val_metrics = validate_fn(done)
-        metrics["epoch"] = float(prompts.epoch)
-        metrics.update(timer.pop())
-        history.append(record(logger, metrics, val_metrics, done))
-        if checkpointer is not None and checkpointer.should_save(done, last):
-            state = {"data": prompts.state_dict(), "history": history, "metrics": latest_metrics(history)}
-            checkpointer.save(done, policy, state)
-    return history
+    def train_step(step: int, timer: Timer) -> Metrics:
+        return grpo_step(cfg, loss_cfg, loss_fn, policy, generation, tokenizer, prompts, environments,
+                         step=step, seed=seed, timer=timer, logger=logger, env_runner=env_runner)
+
+    return train_loop(cfg, policy, prompts, train_step, validate=validate_fn, logger=logger,
+                      checkpointer=checkpointer, generation=generation)
 
 
 def grpo_step(
@@ -211,44 +183,3 @@ def train_on_batch(policy: TrainingBackend, batch: Batch, loss_fn: LossFn, cfg: 
                 totals[key] += float(value)
             calls += 1
     return {key: value / calls for key, value in totals.items()}
-
-
-def refit(policy: TrainingBackend, generation: GenerationBackend) -> None:
-    """Move the policy's current weights into the generation backend."""
-    generation.update_weights(policy.named_weights())
-
-
-def maybe_resume(
-    checkpointer: CheckpointManager | None, policy: TrainingBackend, generation: GenerationBackend, prompts: PromptStream
-) -> tuple[int, list[Metrics]]:
-    """``(first step to run, metrics history)``: from the latest checkpoint when resuming, else fresh."""
-    loaded = load_latest(checkpointer, policy)
-    if loaded is None:
-        return 0, []
-    latest, state = loaded
-    prompts.load_state_dict(state["data"])
-    refit(policy, generation)
-    log.info("resumed from %s (step %d)", latest, state["step"])
-    return int(state["step"]), list(state["history"])
-
-
-def record(logger: MetricsSink | None, train_metrics: Metrics, val_metrics: Metrics, step: int) -> Metrics:
-    """Log one step's metrics as ``train/*`` and ``val/*``; returns them merged with those names."""
-    if logger is not None:
-        if train_metrics:
-            logger.log(train_metrics, step, prefix="train")
-        if val_metrics:
-            logger.log(val_metrics, step, prefix="val")
-    merged = {f"train/{k}": float(v) for k, v in train_metrics.items()}
-    merged.update({f"val/{k}": float(v) for k, v in val_metrics.items()})
-    merged["step"] = float(step)
-    return merged
-
-
-def latest_metrics(history: list[Metrics]) -> Metrics:
-    """The last step's metrics, with the most recent value of each validation metric filled in."""
-    out: Metrics = {}
-    for metrics in history:
-        out.update({k: v for k, v in metrics.items() if k.startswith("val/")})
-    out.update(history[-1])
-    return out

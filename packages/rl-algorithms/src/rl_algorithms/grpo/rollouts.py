@@ -10,13 +10,10 @@ from rl_algorithms.advantages import DynamicSamplingBuffer
 from rl_algorithms.grpo.config import GRPOConfig
 from rl_algorithms.grpo.data import PromptStream
 from rl_algorithms.grpo.rewards import episode_metrics, groups_have_signal
+from rl_algorithms.loop import step_seed
 from rl_algorithms.rollout.env_runner import StepRunner
 from rl_core.protocols import Environment, GenerationBackend
 from rl_core.types import SamplingParams
-
-# Seeds of consecutive steps / rounds are spaced so that (seed + prompt index) never collides.
-_STEP_SEED_STRIDE = 1_000_003
-_ROUND_SEED_STRIDE = 10_007
 
 
 def sampling_params(cfg: GRPOConfig, tokenizer: Any, seed: int | None) -> SamplingParams:
@@ -29,12 +26,6 @@ def sampling_params(cfg: GRPOConfig, tokenizer: Any, seed: int | None) -> Sampli
         stop_strings=tuple(cfg.stop_strings),
         seed=seed,
     )
-
-
-def step_seed(base_seed: int, step: int, round_index: int = 0) -> int:
-    """The generation seed of ``step`` (0-based) and dynamic-sampling round: a pure function, so a
-    resumed run samples exactly what an uninterrupted one would."""
-    return base_seed * 7919 + step * _STEP_SEED_STRIDE + round_index * _ROUND_SEED_STRIDE
 
 
 def group_episodes(episodes: list[Any]) -> list[list[Any]]:
@@ -53,18 +44,10 @@ def renumber_groups(groups: list[list[Any]]) -> list[Any]:
     return out
 
 
-def generate_rollouts(
-    cfg: GRPOConfig,
-    generation: GenerationBackend,
-    tokenizer: Any,
-    prompts: PromptStream,
-    environments: Mapping[str, Environment] | Environment,
-    *,
-    step: int,
-    seed: int,
-    env_runner: StepRunner | None = None,
-) -> tuple[list[Any], dict[str, float]]:
-    """Episodes of ``num_prompts_per_step`` groups of ``num_generations_per_prompt`` samples, and
+def generate_rollouts(cfg: GRPOConfig, generation: GenerationBackend, tokenizer: Any, prompts: PromptStream,
+                      environments: Mapping[str, Environment] | Environment, *, step: int, seed: int,
+                      env_runner: StepRunner | None = None) -> tuple[list[Any], dict[str, float]]:
+    """Episodes of ``batch_size`` groups of ``num_generations_per_prompt`` samples, and
     metrics of everything generated (rewards, lengths, truncation, tokens).
 
     With DAPO dynamic sampling, groups whose rewards are all equal are dropped and more prompts are
@@ -82,12 +65,12 @@ def generate_rollouts(
     from rl_algorithms.rollout import run_rollouts  # written alongside; imported late to keep imports light
 
     buffer: DynamicSamplingBuffer[list[Any]] = DynamicSamplingBuffer(
-        target_groups=cfg.num_prompts_per_step,
+        target_groups=cfg.batch_size,
         max_extra_rounds=cfg.dapo.max_extra_rounds if cfg.dapo.dynamic_sampling else 0,
     )
     all_episodes: list[Any] = []
     while True:
-        missing = cfg.num_prompts_per_step - len(buffer.kept) if cfg.dapo.dynamic_sampling else cfg.num_prompts_per_step
+        missing = cfg.batch_size - len(buffer.kept) if cfg.dapo.dynamic_sampling else cfg.batch_size
         samples = prompts.take(missing)
         episodes = run_rollouts(
             generation, tokenizer, samples, environments,

@@ -21,26 +21,28 @@ class EnvRunnerConfig(StrictModel):
     (CPU-heavy Python graders). ray: ``num_workers`` Ray actors anywhere in the cluster, each with its
     own copy of the environments; an actor whose task hangs past ``timeout_s``, or that dies, is
     replaced at once."""
-    num_workers: int = Field(2, gt=0)
-    """Processes (process) or actors (ray); not used by thread."""
-    cpus_per_worker: float = Field(1.0, gt=0)
-    """ray only: logical CPUs each actor reserves."""
+    num_workers: int | None = Field(None, gt=0)
+    """Processes (process) or actors (ray), default 2; not used by thread."""
+    cpus_per_worker: float | None = Field(None, gt=0)
+    """ray only: logical CPUs each actor reserves, default 1."""
     timeout_s: float = Field(30.0, gt=0)
     """A step not answered this long after it was submitted scores 0 and counts as an environment error."""
 
     @model_validator(mode="after")
     def _check(self) -> EnvRunnerConfig:
-        if self.kind == "thread" and "num_workers" in self.model_fields_set:
-            raise ValueError("env_runner.num_workers applies to kind 'process' or 'ray'; threads start one per "
-                             "task. Set env_runner.kind or drop num_workers")
-        if self.kind != "ray" and "cpus_per_worker" in self.model_fields_set:
-            raise ValueError("env_runner.cpus_per_worker applies to kind 'ray' only")
+        # Unset (None) rather than "not given", so that a dumped config.yaml loads back as it was.
+        if self.kind == "thread" and self.num_workers is not None:
+            raise ValueError("grpo.env_runner.num_workers applies to kind 'process' or 'ray'; threads start one "
+                             "per task. Set grpo.env_runner.kind or drop num_workers")
+        if self.kind != "ray" and self.cpus_per_worker is not None:
+            raise ValueError("grpo.env_runner.cpus_per_worker applies to kind 'ray' only")
         return self
 
     def build(self, environments: Mapping[str, Environment] | Environment) -> StepRunner:
         """A runner for ``environments`` (``kind: ray`` needs Ray running: ``rl_core.cluster.init_ray``)."""
+        num_workers = self.num_workers or 2
         if self.kind == "ray":
             from rl_algorithms.rollout.ray_env_runner import RayEnvRunner
 
-            return RayEnvRunner(environments, self.num_workers, cpus_per_worker=self.cpus_per_worker)
-        return EnvRunner(environments, self.num_workers if self.kind == "process" else 0)
+            return RayEnvRunner(environments, num_workers, cpus_per_worker=self.cpus_per_worker or 1.0)
+        return EnvRunner(environments, num_workers if self.kind == "process" else 0)

@@ -116,9 +116,9 @@ class WorkerGroup:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from rl_core.cluster.config import init_ray
-
-        init_ray()  # no-op when the program already started or joined Ray
+        if not ray.is_initialized():  # Ray starts once, from the program's cluster config, never with defaults here
+            raise RuntimeError(f"worker group {self.name!r} runs on Ray, but Ray is not started: call "
+                               "rl_core.cluster.init_ray(cfg.cluster) first (the `rl` commands do)")
         bundle = {"CPU": cpus} | ({"GPU": gpus} if gpus else {})
         self._placement_group = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
         ready, _ = ray.wait([self._placement_group.ready()], timeout=startup_timeout_s)

@@ -1,0 +1,109 @@
+"""A bad data file on any command: exit 2, one line naming the file and row, nothing written; with
+`on_bad_row: skip` the bad rows are counted and reported and the run goes on."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rl_apps import recipe_path
+from rl_apps.cli import main
+from rl_core.logging import read_jsonl_metrics
+
+GOOD = b'{"problem": "What is 2 + 3?", "answer": 5}'
+QUIET = ["logger.progress_bar=false", "logger.tensorboard=false", "logger.plot=false", "checkpointing.enabled=false"]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory):
+    os.environ.setdefault("RL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "rl-cache"))
+
+
+def grpo(tmp_path, data: str, *extra: str) -> int:
+    return main(["grpo", "--config", recipe_path("grpo_smoke_tiny.yaml"), f"output_dir={tmp_path / 'run'}",
+                 f"data={data}", "grpo.max_steps=1", *QUIET, *extra])
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    (b'{"problem": "What is 1 + 1?"}', "line 2: missing field 'answer'"),
+    (b'{"problem": "What is 1 + 1?", "answer": ', "line 2: invalid JSON"),
+    (b'{"problem": "caf\xe9", "answer": 1}', "line 2: not valid UTF-8"),
+    (b'{"problem": ["What is", "1 + 1?"], "answer": 2}', "line 2: field 'problem' must be a string, got list"),
+    (b'{"problem": "What is 1 + 1?", "answer": null}', "line 2: field 'answer' must be a string or a number"),
+    (b'{"problem": "' + b"1 + " * 200 + b'1", "answer": 201}', "line 2: the prompt is"),
+])
+def test_grpo_bad_training_row_exits_2_naming_file_and_row(tmp_path, capsys, line, says):
+    train = tmp_path / "train.jsonl"
+    train.write_bytes(GOOD + b"\n" + line + b"\n")
+    assert grpo(tmp_path, f"{{kind: file, train_path: {train}}}", "grpo.val_every=0") == 2
+    err = capsys.readouterr().err
+    assert f"{train}, {says}" in err and "data.on_bad_row=skip" in err
+    assert "Traceback" not in err and [ln for ln in err.splitlines() if ln.startswith("rl grpo: ")] == [
+        err.splitlines()[-1]]
+    assert not (tmp_path / "run").exists()
+
+
+def test_grpo_prompt_over_the_token_budget_names_the_key(tmp_path, capsys):
+    train = tmp_path / "train.jsonl"
+    train.write_bytes(GOOD + b"\n" + b'{"problem": "' + b"1 + " * 200 + b'1", "answer": 201}\n')
+    assert grpo(tmp_path, f"{{kind: file, train_path: {train}}}", "grpo.val_every=0") == 2
+    assert "leaves no room to generate under grpo.max_total_length=96" in capsys.readouterr().err
+
+
+def test_grpo_empty_file_bad_validation_file_and_missing_split(tmp_path, capsys):
+    empty, train, val = tmp_path / "empty.jsonl", tmp_path / "train.jsonl", tmp_path / "val.jsonl"
+    empty.write_bytes(b"")
+    train.write_bytes(GOOD + b"\n")
+    val.write_bytes(GOOD + b"\n" + b"not json\n")
+    assert grpo(tmp_path, f"{{kind: file, train_path: {empty}}}", "grpo.val_every=0") == 2
+    assert f"{empty}: the dataset is empty" in capsys.readouterr().err
+    assert grpo(tmp_path, f"{{kind: file, train_path: {train}, validation_path: {val}}}") == 2
+    assert f"{val}, line 2: invalid JSON" in capsys.readouterr().err
+    # grpo.val_every > 0 without a validation file: a config error before anything starts.
+    assert grpo(tmp_path, f"{{kind: file, train_path: {train}}}") == 2
+    assert "set data.validation_path" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_grpo_skips_and_reports_bad_rows(tmp_path, capsys):
+    train = tmp_path / "train.jsonl"
+    bad = b'{"problem": "What is 1 + 1?", "answer": null}'
+    train.write_bytes(b"\n".join([GOOD, bad, GOOD.replace(b"2 + 3", b"4 + 4").replace(b"5", b"8"), b"[]"]) + b"\n")
+    data = f"{{kind: file, train_path: {train}, validation_path: {train}, on_bad_row: skip}}"
+    assert grpo(tmp_path, data, "grpo.val_every=1", "grpo.val_num_prompts=2") == 0
+    err = capsys.readouterr().err
+    assert f"{train}: 2 rows used, 2 bad rows skipped" in err
+    assert f"skipped {train}, line 2: field 'answer'" in err and f"skipped {train}, line 4: expected a JSON object" in err
+    records = read_jsonl_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records if "train/reward_mean" in r] == [1]
+    assert [r["step"] for r in records if "val/accuracy" in r] == [0, 1]
+
+
+@pytest.mark.parametrize(("command", "recipe", "row"), [
+    ("dpo", "dpo_tiny.yaml", b'{"prompt": "2 + 2?", "chosen": "4"}'),
+    ("rm", "rm_tiny.yaml", b'{"prompt": "2 + 2?", "chosen": "4", "rejected": null}'),
+    ("distill", "distill_tiny.yaml", b'{"prompt": 4}'),
+    ("xtoken-distill", "xtoken_tiny.yaml", b'{"txt": "hello"}'),
+])
+def test_supervised_commands_exit_2_on_a_bad_row(tmp_path, capsys, command, recipe, row):
+    good = {"dpo": b'{"prompt": "1 + 1?", "chosen": "2", "rejected": "3"}', "distill": b'{"prompt": "1 + 1?"}',
+            "xtoken-distill": b'{"text": "1 + 1 = 2"}'}
+    data = tmp_path / "train.jsonl"
+    data.write_bytes(good.get(command, good["dpo"]) + b"\n" + row + b"\n")
+    code = main([command, "--config", recipe_path(recipe), f"output_dir={tmp_path / 'run'}", "synthetic_data=null",
+                 f"data.train_path={data}"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"{data}, line 2: " in err and "data.on_bad_row=skip" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_batch_larger_than_the_data_is_a_config_error(tmp_path, capsys):
+    data = tmp_path / "train.jsonl"
+    data.write_bytes(b'{"prompt": "1 + 1?", "response": "2"}\n' * 3)
+    code = main(["sft", "--config", recipe_path("sft_tiny.yaml"), f"output_dir={tmp_path / 'run'}",
+                 "synthetic_data=null", f"data.train_path={data}", "sft.batch_size=4"])
+    assert code == 2
+    assert "sft.batch_size: 4 items per step, but the training data holds only 3 usable rows" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
