@@ -1,4 +1,5 @@
-"""The training backend's config: one strict section, ``policy.training`` in recipes."""
+"""The training backend's config: one strict section, ``policy`` in recipes (``teacher.backend`` for a
+distillation teacher)."""
 
 from __future__ import annotations
 

@@ -201,7 +201,7 @@ class DTensorWorker:
     def save_adapter(self, path: str) -> None:
         """PEFT-format adapter (adapter_model.safetensors + adapter_config.json), written by rank 0."""
         if self.cfg.lora is None:
-            raise ValueError("save_adapter() needs a LoRA config (policy.training.lora)")
+            raise ValueError("save_adapter() needs a LoRA config (policy.lora)")
         state = self.model.state_dict()
         adapters = {n: _full(t).detach().cpu() for n, t in state.items() if is_adapter_name(n)}
         if self.rank == 0:

@@ -18,7 +18,7 @@ class MegatronPolicy(DTensorPolicy):
 
     def load_adapter(self, path: str) -> None:
         """Replace the LoRA adapters by a PEFT-format adapter directory (``save_adapter``'s files, from
-        either backend) whose rank, alpha and target modules equal ``policy.training.lora``."""
+        either backend) whose rank, alpha and target modules equal ``policy.lora``."""
         self.group.run_all("load_adapter", str(path))
 
     def _per_data_shard(self, results: list) -> list:

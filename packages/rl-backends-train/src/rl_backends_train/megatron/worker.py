@@ -237,7 +237,7 @@ class MegatronWorker(DTensorWorker):
         """PEFT-format adapter (adapter_model.safetensors + adapter_config.json), written by rank 0;
         the same files as the DTensor backend's for the same adapters."""
         if self.cfg.lora is None:
-            raise ValueError("save_adapter() needs a LoRA config (policy.training.lora)")
+            raise ValueError("save_adapter() needs a LoRA config (policy.lora)")
         adapters = self.model.hf_adapter_state_dict()  # a tensor-parallel gather: every rank calls it
         if self.dp_rank == 0 and self.cp_rank == 0 and self.tp_rank == 0:
             adapters = self._stages_to_rank0({k: v.detach().cpu() for k, v in adapters.items()})
@@ -255,12 +255,12 @@ class MegatronWorker(DTensorWorker):
         from safetensors.torch import load_file
 
         if self.cfg.lora is None:
-            raise ValueError("load_adapter() needs a LoRA config (policy.training.lora)")
+            raise ValueError("load_adapter() needs a LoRA config (policy.lora)")
         saved = json.loads((Path(path) / "adapter_config.json").read_text())
         ours = adapter_config(self.cfg.lora, self.model_path, self.cfg.task)
         differ = {k: (saved.get(k), ours[k]) for k in ("r", "lora_alpha", "target_modules") if saved.get(k) != ours[k]}
         if differ:
-            raise ValueError(f"{path}/adapter_config.json does not match policy.training.lora "
+            raise ValueError(f"{path}/adapter_config.json does not match policy.lora "
                              f"(saved, configured): {differ}")
         tensors = load_file(str(Path(path) / "adapter_model.safetensors"))
         self.model.load_hf_state_dict({k.removeprefix("base_model.model."): v for k, v in tensors.items()})
