@@ -37,7 +37,7 @@ from rl_backends_train.batching import (
 from rl_backends_train.config import TrainBackendConfig
 from rl_backends_train.forward import model_outputs
 from rl_backends_train.lora import adapter_config, write_adapter
-from rl_backends_train.optim import build_optimizers, build_schedulers
+from rl_backends_train.optim import build_optimizers, build_schedulers, clip_grad_norm
 from rl_core.batch import Batch, shard
 from rl_core.protocols import LossFn
 from rl_core.types import ModelOutputs
@@ -110,8 +110,9 @@ class TrainWorker(ABC):
         """A context in which the model runs without its LoRA adapters (the reference)."""
 
     @abstractmethod
-    def _clip_gradients(self) -> float:
-        """The global gradient norm (all ranks' shards), gradients scaled to ``cfg.max_grad_norm``."""
+    def _weighted_gradients(self) -> tuple[list[torch.Tensor], list[float]]:
+        """This rank's gradient tensors (local shards) and for each 1 / (ranks holding the same values),
+        0 for a copy counted elsewhere (``optim.clip_grad_norm``)."""
 
     @abstractmethod
     def _checkpoint_state(self) -> dict:
@@ -329,6 +330,12 @@ class TrainWorker(ABC):
 
     def _reduce_gradients(self) -> None:
         """Sum gradients over the data-parallel ranks (default: nothing, FSDP2 reduce-scatters in backward)."""
+
+    def _clip_gradients(self) -> float:
+        """The global gradient norm (every rank's shards, each value counted once), the gradients scaled
+        to ``cfg.max_grad_norm``: one all-reduce and one device-to-host sync, whatever the model."""
+        grads, weights = self._weighted_gradients()
+        return clip_grad_norm(grads, weights, self.cfg.max_grad_norm, self.device)
 
     def _sum_over_dp(self, local: dict[str, float]) -> dict[str, float]:
         """Metrics summed over the data-parallel ranks."""

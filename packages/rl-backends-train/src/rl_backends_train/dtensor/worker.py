@@ -8,15 +8,17 @@ how the model is built and sharded, how full weights are gathered and what DCP s
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rl_backends_train.dtensor.parallelize import build_mesh, build_parallel_model
 from rl_backends_train.lora import is_adapter_name, lora_modules, set_adapters_enabled
-from rl_backends_train.optim import clip_grad_norm
 from rl_backends_train.worker import TrainWorker
 
 
@@ -75,9 +77,18 @@ class DTensorWorker(TrainWorker):
 
     # ------------------------------------------------------------------------ gradients, checkpoints
 
-    def _clip_gradients(self) -> float:
-        """Global gradient norm (DTensors made full), clipped to ``max_grad_norm``."""
-        return clip_grad_norm(self.trainable, self.cfg.max_grad_norm)
+    def _reduce_gradients(self) -> None:
+        """FSDP2 reduce-scatters gradients over "dp" during backward. A tensor-parallel gradient that
+        DTensor left Partial (a pending sum over "tp") is summed into its parameter's layout here,
+        once, rather than by every optimizer op that reads it."""
+        for param in self.trainable:
+            grad = param.grad
+            if isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements):
+                param.grad = grad.redistribute(grad.device_mesh, param.placements)
+
+    def _weighted_gradients(self) -> tuple[list[torch.Tensor], list[float]]:
+        pairs = [local_shard_and_weight(p.grad) for p in self.trainable if p.grad is not None]
+        return [g for g, _ in pairs], [w for _, w in pairs]
 
     def _checkpoint_state(self) -> dict:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizers)
@@ -85,6 +96,19 @@ class DTensorWorker(TrainWorker):
 
     def _restore_checkpoint_state(self, state: dict) -> None:
         set_state_dict(self.model, self.optimizers, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def local_shard_and_weight(grad: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """A gradient's local values and 1 / (ranks holding the same values). A DTensor's shard is held by
+    the ranks that agree on its mesh coordinates where it is sharded: world / (product of those
+    dimensions' sizes) of them. A plain tensor (no FSDP, not split by TP) is the same on every rank."""
+    shards = 1
+    if isinstance(grad, DTensor):
+        if any(p.is_partial() for p in grad.placements):
+            raise RuntimeError("gradient norm of a Partial DTensor gradient: reduce it first (_reduce_gradients)")
+        shards = math.prod(grad.device_mesh.size(i) for i, p in enumerate(grad.placements) if p.is_shard())
+        grad = grad.to_local()
+    return grad, shards / dist.get_world_size()
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,6 @@ from rl_backends_train.megatron import grads, lora, tp_shards
 from rl_backends_train.megatron.cpu_shims import apply_cpu_shims
 from rl_backends_train.megatron.model import MegatronCausalLM, ModelChunks
 from rl_backends_train.megatron.pipeline import PipelineSchedule
-from rl_backends_train.optim import clip_grad_norm
 from rl_backends_train.worker import TrainWorker
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -277,10 +276,9 @@ class MegatronWorker(TrainWorker):
     def _reduce_gradients(self) -> None:
         grads.reduce_gradients(self.model, self.trainable, self.grad_group, self.expert_grad_group, self.tp_group)
 
-    def _clip_gradients(self) -> float:
-        if self.cfg.tensor_parallel_size == 1 and self.pipeline is None and self.ep_group is None:
-            return clip_grad_norm(self.trainable, self.cfg.max_grad_norm)
-        return grads.clip_grad_norm(self.model, self.cfg.max_grad_norm, self.tp_group, self.pp_group, self.ep_group)
+    def _weighted_gradients(self) -> tuple[list[torch.Tensor], list[float]]:
+        return grads.weighted_gradients(self.model, self.grad_group, self.tp_group, self.ep_group,
+                                        self.expert_grad_group)
 
     def _checkpoint_state(self) -> dict:
         """Model tensors of this stage under HF names (the rl-checkpoint contract; gathered to full with
