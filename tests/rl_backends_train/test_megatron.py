@@ -254,3 +254,27 @@ def test_megatron_sequence_parallel_equals_one_rank(ray_session, tiny_tp_dir, sk
     with build_training_backend(TrainBackendConfig(backend="megatron", **fields), tiny_tp_dir) as policy:
         one = two_steps(policy, batches)
     assert_same_run(two, one)
+
+
+def test_megatron_seeds_its_cuda_rng_states_on_cuda(monkeypatch, tiny_model_dir):
+    """megatron-core's attention forks the tracker's "model-parallel-rng" CUDA state: on CUDA the worker
+    seeds the tracker (with the run's seed) after making the model-parallel groups; on the CPU the
+    shimmed fork needs nothing."""
+    pytest.importorskip("megatron.core")
+    from megatron.core import tensor_parallel
+
+    from rl_backends_train.megatron import worker
+
+    seeded = []
+    monkeypatch.setattr(tensor_parallel, "model_parallel_cuda_manual_seed", seeded.append)
+    worker.seed_model_parallel_rng(7, on_gpu=True)
+    worker.seed_model_parallel_rng(8, on_gpu=False)
+    assert seeded == [7]
+
+    calls = []
+    real = worker.seed_model_parallel_rng
+    monkeypatch.setattr(worker, "seed_model_parallel_rng", lambda seed, on_gpu: (calls.append((seed, on_gpu)),
+                                                                                 real(seed, on_gpu)))
+    with build_training_backend(TrainBackendConfig(backend="megatron", **BASE), tiny_model_dir, seed=5):
+        pass
+    assert calls == [(5, torch.cuda.is_available())]

@@ -147,6 +147,18 @@ def init_model_parallel(tensor_parallel_size: int, pipeline_parallel_size: int =
     _groups_made_in = dist.group.WORLD
 
 
+def seed_model_parallel_rng(seed: int, on_gpu: bool) -> None:
+    """On CUDA: megatron-core's named CUDA RNG states (data-parallel, ``model-parallel-rng`` for
+    tensor-parallel regions, expert-parallel), which its RNG tracker forks in every attention forward
+    ("cuda rng state model-parallel-rng is not added" otherwise); after the model-parallel groups
+    exist (the tensor-parallel rank offsets the stream). On the CPU the tracker's ``fork`` is a no-op
+    (``cpu_shims`` 2)."""
+    if on_gpu:
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
 class MegatronWorker(TrainWorker):
     """A rank holding its tensor-parallel shard of its pipeline stage of a GPTModel (data parallel over
     the model-parallel groups)."""
@@ -159,6 +171,7 @@ class MegatronWorker(TrainWorker):
         apply_cpu_shims()
         init_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.context_parallel_size,
                             cfg.expert_parallel_size, cfg.virtual_pipeline_parallel_size)
+        seed_model_parallel_rng(seed, self.on_gpu)
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         # Gradients are summed over data x context parallel ranks: a CP rank's covers its positions.
