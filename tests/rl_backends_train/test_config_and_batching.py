@@ -163,3 +163,10 @@ def test_every_policy_key_named_in_the_package_exists():
             candidates = [a for a in (typing.get_args(annotation) or (annotation,))
                           if isinstance(a, type) and issubclass(a, BaseModel)]
             model = candidates[0] if candidates else None
+
+
+def test_fractional_gpus_are_refused_with_several_workers():
+    with pytest.raises(ValidationError, match=r"gpus_per_worker=0.5 with num_workers=2: .*duplicate GPU"):
+        TrainBackendConfig(num_workers=2, gpus_per_worker=0.5)
+    assert TrainBackendConfig(num_workers=1, gpus_per_worker=0.5).gpus_per_worker == 0.5  # colocated, one rank
+    assert TrainBackendConfig(num_workers=2, gpus_per_worker=1).gpus_per_worker == 1

@@ -137,6 +137,9 @@ class TrainBackendConfig(StrictModel):
     Algorithms set this False when their KL coefficient is 0."""
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0)
+    """GPUs each rank's Ray actor reserves; the rank runs on the first of them. 1 on a GPU machine (a
+    rank that sees CUDA without a GPU of its own is refused). A fraction (sharing a GPU with a colocated
+    generation engine) only with num_workers=1: ranks of one group on one GPU break NCCL."""
     use_ray: bool = True
     """False: one worker in this process (world size 1), for tests and tiny runs."""
     weights_bucket_bytes: int = Field(256 * 2**20, gt=0)
@@ -187,6 +190,11 @@ class TrainBackendConfig(StrictModel):
         if self.lora is not None and self.tensor_parallel_size > 1 and self.backend == "dtensor":
             raise ValueError("lora with tensor_parallel_size > 1 is not supported by backend=dtensor: set "
                              "tensor_parallel_size=1, or backend=megatron (LoRA on tensor-parallel layers)")
+        if self.gpus_per_worker % 1 and self.num_workers > 1:
+            raise ValueError(
+                f"gpus_per_worker={self.gpus_per_worker:g} with num_workers={self.num_workers}: Ray would pack several "
+                "ranks onto one GPU, which NCCL refuses (duplicate GPU); give each rank a whole GPU "
+                "(gpus_per_worker=1) or run one worker")
         if not self.use_ray and self.num_workers > 1:
             raise ValueError(f"use_ray=False runs one in-process worker; got num_workers={self.num_workers}")
         return self
