@@ -115,7 +115,9 @@ class TrainBackendConfig(StrictModel):
     the tensor-parallel ranks (activation memory / tp there; all-gather + reduce-scatter instead of
     all-reduce)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter dtype on CPU; on GPU the compute dtype (parameters kept fp32, reductions fp32)."""
+    """The compute dtype (forward and backward). With bfloat16 the parameters the optimizer steps, the
+    optimizer state, gradient accumulation and reductions stay fp32 (fp32 master weights), on CPU and
+    GPU, in both backends."""
     task: Literal["causal_lm", "reward_model"] = "causal_lm"
     """causal_lm: AutoModelForCausalLM. reward_model: AutoModelForSequenceClassification, 1 label."""
     micro_batch_size: int = Field(4, gt=0)

@@ -8,7 +8,8 @@ training step, logprobs, top-k, scores, export, adapters and checkpoint files ar
 
 Hooks with a default (overridden by backends that need more): ``_run_micro_batches`` (sequential;
 Megatron: a pipeline schedule), ``_from_last_stage`` (itself; Megatron: sent from the last pipeline
-stage), ``_micro_batches``, ``_reduce_gradients`` (nothing: FSDP2 already reduced them),
+stage), ``_micro_batches``, ``_compute_precision`` (nothing: FSDP2 casts; Megatron: fp32 master
+weights swapped for bf16 copies), ``_reduce_gradients`` (nothing: FSDP2 already reduced them),
 ``_sum_over_dp``.
 """
 
@@ -144,8 +145,10 @@ class TrainWorker(ABC):
                 sums[key] += float(value)
             return loss
 
-        self._run_micro_batches(self.model, self._micro_batches(local), loss_of, backward=True, temperature=temperature,
-                                need_logits=loss_fn.needs_logits, need_entropy=True, loss_tokens_only=True)
+        with self._compute_precision():
+            self._run_micro_batches(self.model, self._micro_batches(local), loss_of, backward=True,
+                                    temperature=temperature, need_logits=loss_fn.needs_logits, need_entropy=True,
+                                    loss_tokens_only=True)
         self._reduce_gradients()
         grad_norm = self._clip_gradients()
         lrs = [opt.param_groups[0]["lr"] for opt in self.optimizers]
@@ -172,7 +175,7 @@ class TrainWorker(ABC):
             if not mb.dummy:
                 out[mb.rows, : outputs.logprobs.shape[1]] = outputs.logprobs.float().cpu()
 
-        with self._reference_weights(reference) as model:
+        with self._reference_weights(reference) as model, self._compute_precision():
             self._run_micro_batches(model, self._micro_batches(local), keep, backward=False, temperature=temperature,
                                     need_logits=False, need_entropy=False)
         return self._from_last_stage(out)
@@ -185,10 +188,11 @@ class TrainWorker(ABC):
         local = shard(batch, self.dp_rank, self.cfg.data_parallel_size)
         out = torch.zeros(local["input_ids"].shape[0], dtype=torch.float32)
         self.model.eval()
-        for mb in self._micro_batches(local):
-            outputs = self._outputs(self.model, mb, 1.0, need_logits=False, need_entropy=False)
-            if not mb.dummy:
-                out[mb.rows] = outputs.scores.float().cpu()
+        with self._compute_precision():
+            for mb in self._micro_batches(local):
+                outputs = self._outputs(self.model, mb, 1.0, need_logits=False, need_entropy=False)
+                if not mb.dummy:
+                    out[mb.rows] = outputs.scores.float().cpu()
         return out
 
     @torch.no_grad()
@@ -208,8 +212,9 @@ class TrainWorker(ABC):
             indices[mb.rows, :width] = top.indices.cpu()
 
         self.model.eval()
-        self._run_micro_batches(self.model, self._micro_batches(local), keep, backward=False, temperature=temperature,
-                                need_logits=True, need_entropy=False)
+        with self._compute_precision():
+            self._run_micro_batches(self.model, self._micro_batches(local), keep, backward=False,
+                                    temperature=temperature, need_logits=True, need_entropy=False)
         return self._from_last_stage(values), self._from_last_stage(indices)
 
     # ------------------------------------------------------------------------------------- weights
@@ -327,6 +332,10 @@ class TrainWorker(ABC):
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         dummy = dummy_micro_batch(local, self.cfg.packing.enabled)
         return mbs + [dummy] * (int(count) - len(mbs))
+
+    def _compute_precision(self) -> contextlib.AbstractContextManager:
+        """The context forwards and backwards run in (default: nothing to do; FSDP2 casts for compute)."""
+        return contextlib.nullcontext()
 
     def _reduce_gradients(self) -> None:
         """Sum gradients over the data-parallel ranks (default: nothing, FSDP2 reduce-scatters in backward)."""

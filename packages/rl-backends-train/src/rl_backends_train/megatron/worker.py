@@ -23,6 +23,7 @@ reads one. Checkpoints hold the base HF weights and the adapters unmerged (``mod
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import torch
@@ -40,6 +41,7 @@ from rl_backends_train.megatron import grads, lora, tp_shards
 from rl_backends_train.megatron.cpu_shims import apply_cpu_shims
 from rl_backends_train.megatron.model import MegatronCausalLM, ModelChunks
 from rl_backends_train.megatron.pipeline import PipelineSchedule
+from rl_backends_train.precision import MasterWeights
 from rl_backends_train.worker import TrainWorker
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -67,9 +69,11 @@ def check_megatron_config(cfg: TrainBackendConfig) -> None:
 
 
 def build_megatron_model(model_path: str, cfg: TrainBackendConfig, device: torch.device, *,
-                         seed: int = 0) -> MegatronCausalLM:
+                         seed: int = 0, fp32_params: bool = False) -> MegatronCausalLM:
     """The GPTModel with the HF weights (with virtual pipeline stages: this rank's chunks of it); with
-    ``cfg.lora`` frozen, adapters added (A drawn from ``seed``)."""
+    ``cfg.lora`` frozen, adapters added (A drawn from ``seed``). Layers compute in ``cfg.dtype``;
+    ``fp32_params``: the parameters hold fp32 values nonetheless (``precision.MasterWeights``), loaded
+    from the HF weights without rounding."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
@@ -78,6 +82,9 @@ def build_megatron_model(model_path: str, cfg: TrainBackendConfig, device: torch
     parts = [MegatronCausalLM(hf_config, _DTYPES[cfg.dtype], recompute=cfg.activation_checkpointing, chunk=v,
                               chunks=chunks, sequence_parallel=cfg.sequence_parallel) for v in range(chunks)]
     model = parts[0] if chunks == 1 else ModelChunks(parts)
+    if fp32_params:
+        for param in model.parameters():
+            param.data = param.data.float()
     model.load_hf_state_dict(_read_hf_weights(model_path, load_file))
     if cfg.lora is not None:
         for part in parts:  # each draws every layer's adapters in order and keeps its own
@@ -197,9 +204,16 @@ class MegatronWorker(TrainWorker):
             self.pipeline = PipelineSchedule(cfg.pipeline_parallel_size, self.pp_group, self.device)
 
     def _build_model(self, seed: int) -> MegatronCausalLM | ModelChunks:
-        model = build_megatron_model(self.model_path, self.cfg, self.device, seed=seed)
+        """With bf16: fp32 master weights, bf16 compute (``precision.MasterWeights``), as the DTensor
+        backend's FSDP2 mixed precision."""
+        masters = self.cfg.dtype != "float32"
+        model = build_megatron_model(self.model_path, self.cfg, self.device, seed=seed, fp32_params=masters)
+        self.masters = MasterWeights(model, _DTYPES[self.cfg.dtype]) if masters else None
         self.hf_shapes = self._whole_model_hf_shapes(model)
         return model
+
+    def _compute_precision(self):
+        return self.masters.compute() if self.masters is not None else contextlib.nullcontext()
 
     def _build_reference(self) -> MegatronCausalLM | ModelChunks:
         return build_megatron_model(self.model_path, self.cfg, self.device).requires_grad_(False).eval()
