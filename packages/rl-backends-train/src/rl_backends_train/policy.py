@@ -32,6 +32,7 @@ class TrainPolicy:
             use_ray=cfg.use_ray,
             name=name,
         )
+        self._offloaded = False
 
     @classmethod
     def check(cls, cfg: TrainBackendConfig, model_path: str) -> None:
@@ -42,7 +43,7 @@ class TrainPolicy:
     def train(self, batch: Batch, loss_fn: LossFn, *, temperature: float = 1.0) -> dict[str, float]:
         """One optimizer step; returns the summed loss metrics plus loss, grad_norm and lr."""
         padded, _ = self._pad_for_dp(batch)
-        return self.group.run_all("train", padded, loss_fn, temperature)[0]
+        return self._run_all("train", padded, loss_fn, temperature)[0]
 
     def logprobs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
         """[B, T] logprobs of ``batch['input_ids']`` under the current weights."""
@@ -55,7 +56,7 @@ class TrainPolicy:
     def topk_logits(self, batch: Batch, k: int, *, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """``(values [B, T, k], indices [B, T, k])`` of the temperature-scaled logits scoring each token."""
         padded, n = self._pad_for_dp(batch)
-        parts = self._per_data_shard(self.group.run_all("topk_logits", padded, k, temperature))
+        parts = self._per_data_shard(self._run_all("topk_logits", padded, k, temperature))
         return torch.cat([p[0] for p in parts])[:n], torch.cat([p[1] for p in parts])[:n]
 
     def scores(self, batch: Batch) -> torch.Tensor:
@@ -64,34 +65,64 @@ class TrainPolicy:
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (unsharded, LoRA-merged) tensors in HF names, fetched from rank 0 bucket by bucket."""
-        buckets = self.group.run_rank(0, "weight_buckets", self.cfg.weights_bucket_bytes)
+        buckets = self._run_rank(0, "weight_buckets", self.cfg.weights_bucket_bytes)
         for names in buckets:
-            yield from self.group.run_all("gather_weights", names)[0].items()
+            yield from self._run_all("gather_weights", names)[0].items()
 
     def save(self, path: str) -> None:
         """DCP checkpoint (see rl_backends_train.checkpoint for the layout)."""
-        self.group.run_all("save", str(path))
+        self._run_all("save", str(path))
 
     def load(self, path: str) -> int:
         """Restore model, optimizer, schedulers, RNG states and step; returns the step."""
-        return self.group.run_all("load", str(path))[0]
+        return self._run_all("load", str(path))[0]
 
     def export_hf(self, path: str) -> None:
         """A consolidated HF directory (merged safetensors, config, tokenizer)."""
-        self.group.run_all("export_hf", str(path))
+        self._run_all("export_hf", str(path))
 
     def save_adapter(self, path: str) -> None:
         """The LoRA adapter alone, in PEFT format."""
-        self.group.run_all("save_adapter", str(path))
+        self._run_all("save_adapter", str(path))
+
+    def offload(self, *, weights: bool = False) -> None:
+        """Free the policy's device memory until ``onload``: gradients freed, optimizer state (and with
+        ``weights`` the parameters and the reference copy) moved to CPU memory, CUDA cache emptied.
+        Any operation after it onloads first."""
+        self.group.run_all("offload", weights)
+        self._offloaded = True
+
+    def onload(self) -> None:
+        """Move back what ``offload`` moved (the next operation would do it otherwise)."""
+        self.group.run_all("onload")
+        self._offloaded = False
+
+    def memory_metrics(self) -> dict[str, float]:
+        """Memory in GiB of the rank that holds the most (each figure's maximum over ranks):
+        ``cpu_rss_gib``; on CUDA ``gpu_allocated_gib``, ``gpu_reserved_gib`` and ``gpu_peak_gib`` (peak
+        since the previous call: call it at the end of each phase)."""
+        per_rank = self.group.run_all("memory_metrics")
+        return {key: max(figures[key] for figures in per_rank) for key in per_rank[0]}
 
     def shutdown(self) -> None:
         self.group.shutdown()
 
     # ------------------------------------------------------------------------------- helpers
 
+    def _run_all(self, method: str, *args, **kwargs) -> list:
+        """``method`` on every rank, the offloaded state brought back first."""
+        if self._offloaded:
+            self.onload()
+        return self.group.run_all(method, *args, **kwargs)
+
+    def _run_rank(self, rank: int, method: str, *args, **kwargs):
+        if self._offloaded:
+            self.onload()
+        return self.group.run_rank(rank, method, *args, **kwargs)
+
     def _gather_rows(self, method: str, batch: Batch, **kwargs) -> torch.Tensor:
         padded, n = self._pad_for_dp(batch)
-        parts = self._per_data_shard(self.group.run_all(method, padded, **kwargs))
+        parts = self._per_data_shard(self._run_all(method, padded, **kwargs))
         return torch.cat(parts)[:n]
 
     def _per_data_shard(self, results: list) -> list:

@@ -28,6 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from rl_backends_train import checkpoint as ckpt
+from rl_backends_train import memory
 from rl_backends_train.batching import (
     MicroBatch,
     dummy_micro_batch,
@@ -73,6 +74,8 @@ class TrainWorker(ABC):
         self.schedulers = build_schedulers(self.optimizers, cfg.scheduler)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.step = 0
+        self._offloaded_state: memory.StateHomes | None = None  # where offload() took optimizer state from
+        self._offloaded_weights: torch.device | None = None  # where offload(weights=True) took parameters from
         torch.manual_seed(seed + 1 + self.dp_rank)  # dropout streams differ between data shards
 
     # ------------------------------------------------------------------------------ backend hooks
@@ -306,6 +309,40 @@ class TrainWorker(ABC):
     def shutdown(self) -> None:
         self.model = self.reference = None
         self.optimizers = self.schedulers = []
+
+    # -------------------------------------------------------------------------------- device memory
+
+    def offload(self, weights: bool = False) -> None:
+        """Free this rank's device memory until ``onload`` (for a generation engine sharing the GPU):
+        gradients freed (every step starts by zeroing them), optimizer state moved to CPU memory, with
+        ``weights`` the parameters and the reference copy too; then the CUDA cache emptied."""
+        for param in self.model.parameters():
+            param.grad = None
+        if self._offloaded_state is None:
+            self._offloaded_state = memory.optimizer_state_to_cpu(self.optimizers)
+        if weights and self._offloaded_weights is None:
+            self._offloaded_weights = next(self.model.parameters()).device
+            for model in (self.model, self.reference):
+                if model is not None:
+                    model.to("cpu")
+        if self.on_gpu:
+            torch.cuda.empty_cache()
+
+    def onload(self) -> None:
+        """Move back what ``offload`` moved to CPU memory (nothing if it was not offloaded)."""
+        if self._offloaded_weights is not None:
+            for model in (self.model, self.reference):
+                if model is not None:
+                    model.to(self._offloaded_weights)
+            self._offloaded_weights = None
+        if self._offloaded_state is not None:
+            memory.optimizer_state_back(self.optimizers, self._offloaded_state)
+            self._offloaded_state = None
+
+    def memory_metrics(self) -> dict[str, float]:
+        """This rank's memory in GiB (``memory.memory_metrics``: CPU resident set; on CUDA allocated,
+        reserved, and peak since the previous call)."""
+        return memory.memory_metrics(self.device)
 
     # ------------------------------------------------------------------- hooks with a default
 

@@ -19,4 +19,4 @@ class MegatronPolicy(TrainPolicy):
     def load_adapter(self, path: str) -> None:
         """Replace the LoRA adapters by a PEFT-format adapter directory (``save_adapter``'s files, from
         either backend) whose rank, alpha and target modules equal ``policy.lora``."""
-        self.group.run_all("load_adapter", str(path))
+        self._run_all("load_adapter", str(path))
