@@ -163,3 +163,39 @@ def assert_export_scores_like(export_dir, batch, logprobs, atol: float = 1e-5) -
     lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
     mask = batch["attention_mask"][:, 1:].bool()
     torch.testing.assert_close(lp[mask], logprobs[:, 1:][mask], rtol=0, atol=atol)
+
+
+def two_rank_grad_norm(rank: int, init_file: str, results) -> None:
+    """Rank ``rank`` of a 2-rank gloo world (``torch.multiprocessing.spawn``): the gradient norm of a
+    set of full tensors held as Shard(0) (uneven: 5 rows) and Shard(1) DTensors, a Replicate DTensor and a
+    plain tensor, clipped to 1; puts (rank, norm, all-reduce calls, clipped full tensors) on ``results``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from rl_backends_train.dtensor.worker import local_shard_and_weight
+    from rl_backends_train.optim import clip_grad_norm
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        full = clipping_case_tensors()
+        mesh = init_device_mesh("cpu", (2,))
+        grads = [distribute_tensor(full[0].clone(), mesh, [Shard(0)]), distribute_tensor(full[1].clone(), mesh, [Shard(1)]),
+                 distribute_tensor(full[2].clone(), mesh, [Replicate()]), full[3].clone()]
+        pairs = [local_shard_and_weight(g) for g in grads]
+        calls = []
+        all_reduce = dist.all_reduce
+        dist.all_reduce = lambda *a, **k: (calls.append(1), all_reduce(*a, **k))[1]
+        try:
+            norm = clip_grad_norm([g for g, _ in pairs], [w for _, w in pairs], 1.0, torch.device("cpu"))
+        finally:
+            dist.all_reduce = all_reduce
+        clipped = [(g.full_tensor() if hasattr(g, "full_tensor") else g).tolist() for g in grads]  # no shared memory
+        results.put((rank, norm, len(calls), clipped))
+    finally:
+        dist.destroy_process_group()
+
+
+def clipping_case_tensors() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(3)
+    return [torch.randn(5, 3, generator=gen), torch.randn(3, 4, generator=gen), torch.randn(4, generator=gen),
+            torch.randn(2, 2, generator=gen)]

@@ -128,3 +128,45 @@ def test_lr_schedule_warmup_then_cosine():
     assert values[4] == pytest.approx(0.1 + 0.9 * 0.5)
     assert values[6] == pytest.approx(0.1) and values[7] == pytest.approx(0.1)
     assert lr_multiplier(100, SchedulerConfig(kind="constant", warmup_steps=3)) == 1.0
+
+
+def _policy_keys_in_package_strings() -> dict[str, str]:
+    """Every ``policy.<key>`` written in a string of rl_backends_train (messages, docstrings) -> where."""
+    import ast
+    import re
+    from pathlib import Path
+
+    import rl_backends_train
+
+    found = {}
+    for path in Path(rl_backends_train.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for key in re.findall(r"(?<![\w.])policy((?:\.[a-z_][a-z0-9_]*)+)", node.value):
+                    found[key.lstrip(".")] = f"{path.name}:{node.lineno}"
+    return found
+
+
+def test_every_policy_key_named_in_the_package_exists():
+    """A message that tells the user to set ``policy.<key>`` names a key of TrainBackendConfig."""
+    import typing
+
+    from pydantic import BaseModel
+
+    keys = _policy_keys_in_package_strings()
+    assert {"lora", "backend"} <= set(keys)  # the walk sees the messages (save_adapter, the extra hint)
+    for key, where in keys.items():
+        model: type[BaseModel] | None = TrainBackendConfig
+        for part in key.split("."):
+            assert model is not None and part in model.model_fields, f"{where}: policy.{key} is not a config key"
+            annotation = model.model_fields[part].annotation
+            candidates = [a for a in (typing.get_args(annotation) or (annotation,))
+                          if isinstance(a, type) and issubclass(a, BaseModel)]
+            model = candidates[0] if candidates else None
+
+
+def test_fractional_gpus_are_refused_with_several_workers():
+    with pytest.raises(ValidationError, match=r"gpus_per_worker=0.5 with num_workers=2: .*duplicate GPU"):
+        TrainBackendConfig(num_workers=2, gpus_per_worker=0.5)
+    assert TrainBackendConfig(num_workers=1, gpus_per_worker=0.5).gpus_per_worker == 0.5  # colocated, one rank
+    assert TrainBackendConfig(num_workers=2, gpus_per_worker=1).gpus_per_worker == 1

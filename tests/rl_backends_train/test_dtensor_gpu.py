@@ -1,4 +1,4 @@
-"""GPU paths of the DTensor backend (skipped without CUDA): bf16 compute with fp32 reductions."""
+"""GPU paths of the DTensor backend (skipped without CUDA): bf16 compute with fp32 reductions, offload."""
 
 from __future__ import annotations
 
@@ -23,3 +23,26 @@ def test_bf16_mixed_precision_step_tracks_fp32(tiny_model_dir, skewed_lengths, c
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-2)
         weights = dict(bf16.named_weights())
     assert all(t.dtype == torch.float32 for t in weights.values())  # fp32 master weights
+
+
+def test_offload_frees_gpu_memory_and_onload_restores_the_step(tiny_model_dir, skewed_lengths):
+    batch = make_batch(500, skewed_lengths)
+    cfg = TrainBackendConfig(use_ray=False, reference_model=False, optimizer={"lr": 1e-3}, gpus_per_worker=1,
+                             dtype="bfloat16")
+    with build_training_backend(cfg, tiny_model_dir, seed=1) as plain:
+        expected = [plain.train(batch, MaskedNLL()) for _ in range(2)]
+        expected_weights = dict(plain.named_weights())
+    with build_training_backend(cfg, tiny_model_dir, seed=1) as policy:
+        first = policy.train(batch, MaskedNLL())
+        trained = policy.memory_metrics()
+        policy.offload(weights=True)
+        offloaded = policy.memory_metrics()
+        policy.onload()
+        second = policy.train(batch, MaskedNLL())
+        weights = dict(policy.named_weights())
+    assert trained["gpu_allocated_gib"] > 0 and offloaded["gpu_allocated_gib"] < 0.1 * trained["gpu_allocated_gib"]
+    assert offloaded["gpu_reserved_gib"] <= trained["gpu_reserved_gib"]  # the cache was emptied
+    for got, want in zip((first, second), expected):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+    for name, tensor in expected_weights.items():
+        torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-6, msg=name)

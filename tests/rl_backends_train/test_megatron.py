@@ -254,3 +254,62 @@ def test_megatron_sequence_parallel_equals_one_rank(ray_session, tiny_tp_dir, sk
     with build_training_backend(TrainBackendConfig(backend="megatron", **fields), tiny_tp_dir) as policy:
         one = two_steps(policy, batches)
     assert_same_run(two, one)
+
+
+def test_megatron_seeds_its_cuda_rng_states_on_cuda(monkeypatch, tiny_model_dir):
+    """megatron-core's attention forks the tracker's "model-parallel-rng" CUDA state: on CUDA the worker
+    seeds the tracker (with the run's seed) after making the model-parallel groups; on the CPU the
+    shimmed fork needs nothing."""
+    pytest.importorskip("megatron.core")
+    from megatron.core import tensor_parallel
+
+    from rl_backends_train.megatron import worker
+
+    seeded = []
+    monkeypatch.setattr(tensor_parallel, "model_parallel_cuda_manual_seed", seeded.append)
+    worker.seed_model_parallel_rng(7, on_gpu=True)
+    worker.seed_model_parallel_rng(8, on_gpu=False)
+    assert seeded == [7]
+
+    calls = []
+    real = worker.seed_model_parallel_rng
+    monkeypatch.setattr(worker, "seed_model_parallel_rng", lambda seed, on_gpu: (calls.append((seed, on_gpu)),
+                                                                                 real(seed, on_gpu)))
+    with build_training_backend(TrainBackendConfig(backend="megatron", **BASE), tiny_model_dir, seed=5):
+        pass
+    assert calls == [(5, torch.cuda.is_available())]
+
+
+def _one_bf16_step(cfg, model_dir, batch):
+    """(weights before, weights after one step, its metrics) of a backend."""
+    with build_training_backend(cfg, model_dir) as policy:
+        before = {name: t.clone() for name, t in policy.named_weights()}
+        metrics = policy.train(batch, MaskedNLL())
+        return before, dict(policy.named_weights()), metrics
+
+
+def test_megatron_bf16_keeps_fp32_masters_and_steps_like_dtensor(tiny_model_dir, skewed_lengths):
+    """bf16 compute, fp32 master weights: an AdamW step of ~1e-5 per element, far below half a bf16
+    step of the weights (~6e-5 and more), moves them, by the same update as the DTensor backend's bf16
+    step (FSDP2 mixed precision) and as an fp32 step, within bf16 compute noise (3% of the update)."""
+    pytest.importorskip("megatron.core")
+    batch = make_batch(VOCAB, skewed_lengths)
+    small = {"use_ray": False, "reference_model": False, "optimizer": {"lr": 1e-5, "eps": 1e-3}}
+    runs = {name: _one_bf16_step(TrainBackendConfig(**small, **cfg), tiny_model_dir, batch)
+            for name, cfg in {"megatron": {"backend": "megatron", "dtype": "bfloat16"},
+                              "dtensor": {"dtype": "bfloat16"}, "fp32": {}}.items()}
+    before, after, metrics = runs["megatron"]
+    assert metrics["loss"] == pytest.approx(runs["dtensor"][2]["loss"], rel=1e-3)
+    assert metrics["grad_norm"] == pytest.approx(runs["dtensor"][2]["grad_norm"], rel=1e-2)
+    for name in before:
+        assert after[name].dtype == torch.float32, name
+        if name == "model.embed_tokens.weight":
+            continue  # rows of tokens absent from the batch get no gradient
+        update = after[name] - before[name]
+        assert (update != 0).float().mean() > 0.95, name
+        # In bf16 parameters the same step would be lost: most updated weights round back.
+        assert (after[name].bfloat16() == before[name].bfloat16()).float().mean() > 0.5, name
+        for other in ("dtensor", "fp32"):
+            expected = runs[other][1][name] - runs[other][0][name]
+            # bf16 compute noise: the updates differ by up to 1.8% of their norm here (layer norms).
+            assert (update - expected).norm() <= 3e-2 * expected.norm(), f"{name} vs {other}"

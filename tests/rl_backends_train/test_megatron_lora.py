@@ -205,7 +205,7 @@ def test_megatron_lora_config_errors(tiny_model_dir, tmp_path):
         TrainBackendConfig(num_workers=2, tensor_parallel_size=2, lora={"rank": 2})
     assert TrainBackendConfig(backend="megatron", num_workers=2, tensor_parallel_size=2, lora={"rank": 2}).lora
     with build_training_backend(TrainBackendConfig(backend="megatron", **BASE), tiny_model_dir) as policy:
-        with pytest.raises(WorkerError, match="does not match policy.training.lora"):
+        with pytest.raises(WorkerError, match="does not match policy.lora"):
             other = LoRAConfig(**(LORA | {"rank": 2}))
             write_adapter(tmp_path / "rank2", {}, adapter_config(other, tiny_model_dir, "causal_lm"))
             policy.load_adapter(tmp_path / "rank2")

@@ -156,6 +156,25 @@ def test_gpu_group_uses_nccl_for_cuda_tensors(ray_session):
     assert all("nccl" in backend for backend, _ in results)
 
 
+def test_cuda_device_comes_from_rays_assigned_gpus():
+    from rl_core.cluster.rank import cuda_device_index
+
+    def device(assigned, visible=None, cuda=True, local_rank=0):
+        return cuda_device_index(cuda_available=cuda, assigned_gpus=assigned, visible_devices=visible,
+                                 local_rank=local_rank)
+
+    assert device(["3"], visible="3") == 0  # Ray narrowed CUDA_VISIBLE_DEVICES to the rank's GPU
+    assert device(["5", "2"], visible="2,5") == 0 and device(["5", "2"], visible="5,2") == 1  # the lowest id
+    assert device(["2"], visible="0,1,2,3") == 2  # CUDA_VISIBLE_DEVICES left as it was
+    assert device([1]) == 1  # no CUDA_VISIBLE_DEVICES: the id is the device
+    assert device([], cuda=False) is None and device(["0"], cuda=False) is None  # no CUDA: the CPU
+    assert device(None, local_rank=1) == 1  # an in-process rank, not a Ray actor
+    with pytest.raises(RuntimeError, match=r"assigned it no GPU \(gpus_per_worker=0\)"):
+        device([], visible="0,1")  # Ray 2.60 leaves CUDA_VISIBLE_DEVICES alone for a 0-GPU actor
+    with pytest.raises(RuntimeError, match="does not list it"):
+        device(["4"], visible="0,1")
+
+
 def test_shutdown_frees_actors_and_placement_group(ray_session):
     import ray
     from ray.util import placement_group_table

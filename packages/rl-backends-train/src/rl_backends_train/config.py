@@ -1,4 +1,5 @@
-"""The training backend's config: one strict section, ``policy.training`` in recipes."""
+"""The training backend's config: one strict section, ``policy`` in recipes (``teacher.backend`` for a
+distillation teacher)."""
 
 from __future__ import annotations
 
@@ -114,7 +115,9 @@ class TrainBackendConfig(StrictModel):
     the tensor-parallel ranks (activation memory / tp there; all-gather + reduce-scatter instead of
     all-reduce)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter dtype on CPU; on GPU the compute dtype (parameters kept fp32, reductions fp32)."""
+    """The compute dtype (forward and backward). With bfloat16 the parameters the optimizer steps, the
+    optimizer state, gradient accumulation and reductions stay fp32 (fp32 master weights), on CPU and
+    GPU, in both backends."""
     task: Literal["causal_lm", "reward_model"] = "causal_lm"
     """causal_lm: AutoModelForCausalLM. reward_model: AutoModelForSequenceClassification, 1 label."""
     micro_batch_size: int = Field(4, gt=0)
@@ -136,6 +139,9 @@ class TrainBackendConfig(StrictModel):
     Algorithms set this False when their KL coefficient is 0."""
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0)
+    """GPUs each rank's Ray actor reserves; the rank runs on the first of them. 1 on a GPU machine (a
+    rank that sees CUDA without a GPU of its own is refused). A fraction (sharing a GPU with a colocated
+    generation engine) only with num_workers=1: ranks of one group on one GPU break NCCL."""
     use_ray: bool = True
     """False: one worker in this process (world size 1), for tests and tiny runs."""
     weights_bucket_bytes: int = Field(256 * 2**20, gt=0)
@@ -186,6 +192,11 @@ class TrainBackendConfig(StrictModel):
         if self.lora is not None and self.tensor_parallel_size > 1 and self.backend == "dtensor":
             raise ValueError("lora with tensor_parallel_size > 1 is not supported by backend=dtensor: set "
                              "tensor_parallel_size=1, or backend=megatron (LoRA on tensor-parallel layers)")
+        if self.gpus_per_worker % 1 and self.num_workers > 1:
+            raise ValueError(
+                f"gpus_per_worker={self.gpus_per_worker:g} with num_workers={self.num_workers}: Ray would pack several "
+                "ranks onto one GPU, which NCCL refuses (duplicate GPU); give each rank a whole GPU "
+                "(gpus_per_worker=1) or run one worker")
         if not self.use_ray and self.num_workers > 1:
             raise ValueError(f"use_ray=False runs one in-process worker; got num_workers={self.num_workers}")
         return self

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from rl_backends_train.config import OptimizerConfig, SchedulerConfig
@@ -48,23 +49,22 @@ def build_schedulers(optimizers: list[torch.optim.Optimizer], cfg: SchedulerConf
     return [torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_multiplier(step, cfg)) for opt in optimizers]
 
 
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float | None) -> float:
-    """Global L2 norm of all gradients (sharded DTensors included); scale them to ``max_norm``.
+def clip_grad_norm(grads: list[torch.Tensor], weights: list[float], max_norm: float | None,
+                   device: torch.device) -> float:
+    """Global L2 norm of a gradient spread over all ranks; ``grads`` scaled to ``max_norm`` in place.
 
-    Each DTensor's squared norm is made full separately because parameters may live on different
-    meshes (FSDP-only vs FSDP x TP), which torch's foreach clipping cannot mix."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return 0.0
-    total_sq = torch.zeros((), dtype=torch.float64)
-    for g in grads:
-        sq = g.detach().float().pow(2).sum()
-        if hasattr(sq, "full_tensor"):
-            sq = sq.full_tensor()
-        total_sq += sq.double().cpu()
-    total = math.sqrt(float(total_sq))
-    if max_norm is not None and total > max_norm:
-        coef = max_norm / (total + 1e-6)
-        for g in grads:
-            g.mul_(coef)
-    return total
+    ``grads``: this rank's gradient tensors (plain tensors, or the local shards of DTensors);
+    ``weights``: one per tensor, 1 / (the number of ranks holding the same values), 0 for a copy
+    counted elsewhere, so that the weighted sums of squares add up over the world to the square of
+    the whole gradient's norm. One fused reduction: the local norms in one kernel, one all-reduce of
+    one number over the world, one device-to-host sync. Every rank must call it."""
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    if grads:
+        norms = torch.stack([n.to(device, torch.float64) for n in torch._foreach_norm(grads, 2, dtype=torch.float32)])
+        total = (norms.square() * torch.tensor(weights, dtype=torch.float64, device=device)).sum()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(total)
+    norm = math.sqrt(float(total))
+    if max_norm is not None and norm > max_norm and grads:
+        torch._foreach_mul_(grads, max_norm / (norm + 1e-6))
+    return norm

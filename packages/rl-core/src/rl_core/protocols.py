@@ -80,6 +80,23 @@ class TrainingBackend(Protocol):
         """A consolidated HF directory (safetensors, config, tokenizer)."""
         ...
 
+    def offload(self, *, weights: bool = False) -> None:
+        """Free the device memory the policy holds between steps, for a phase that needs the device
+        (generation on the same GPU): gradients freed, optimizer state moved to CPU memory, with
+        ``weights`` the parameters too, then the allocator's cache emptied. The next operation (or
+        ``onload``) brings them back; the step after the round trip equals one without it."""
+        ...
+
+    def onload(self) -> None:
+        """Move back to the device what ``offload`` moved (nothing if it was not offloaded)."""
+        ...
+
+    def memory_metrics(self) -> dict[str, float]:
+        """Memory figures in GiB for per-phase reporting (the largest over ranks): ``cpu_rss_gib``; on
+        CUDA ``gpu_allocated_gib``, ``gpu_reserved_gib`` and ``gpu_peak_gib`` (the peak since the
+        previous call)."""
+        ...
+
     def shutdown(self) -> None: ...
 
 

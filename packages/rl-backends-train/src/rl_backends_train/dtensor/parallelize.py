@@ -21,11 +21,11 @@ def build_mesh(cfg: TrainBackendConfig, device_type: str) -> DeviceMesh:
     return init_device_mesh(device_type, (cfg.data_parallel_size, cfg.tensor_parallel_size), mesh_dim_names=("dp", "tp"))
 
 
-def load_hf_model(model_path: str, cfg: TrainBackendConfig, on_gpu: bool) -> nn.Module:
-    """The full HF model on CPU. On GPU parameters stay fp32 (FSDP casts for compute)."""
+def load_hf_model(model_path: str, cfg: TrainBackendConfig) -> nn.Module:
+    """The full HF model on CPU, in fp32: the master weights (with bf16, FSDP casts them for compute)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    dtype = torch.float32 if on_gpu else _DTYPES[cfg.dtype]
+    dtype = torch.float32
     if cfg.task == "reward_model":
         config = AutoConfig.from_pretrained(model_path, num_labels=1)
         if config.pad_token_id is None:
@@ -136,12 +136,13 @@ def _sequence_parallel_plans(model: nn.Module) -> tuple[dict, dict]:
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, cfg: TrainBackendConfig, on_gpu: bool) -> None:
     """FSDP2 over "dp": each decoder layer its own unit (all-gathered just in time), then the root
-    (embeddings, final norm, head). On GPU: bf16 compute with fp32 reductions, optional CPU offload."""
+    (embeddings, final norm, head). Mixed precision: fp32 parameters (the masters the optimizer steps),
+    compute in ``cfg.dtype``, gradients reduced in fp32 (CPU and GPU alike). On GPU optional CPU offload."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    kwargs: dict = {"mesh": dp_mesh}
+    kwargs: dict = {"mesh": dp_mesh,
+                    "mp_policy": MixedPrecisionPolicy(param_dtype=_DTYPES[cfg.dtype], reduce_dtype=torch.float32)}
     if on_gpu:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=_DTYPES[cfg.dtype], reduce_dtype=torch.float32)
         kwargs["offload_policy"] = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
@@ -157,7 +158,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, cfg: TrainBackendConfig, o
 def build_parallel_model(model_path: str, cfg: TrainBackendConfig, mesh: DeviceMesh, *, on_gpu: bool,
                          trainable: bool = True) -> nn.Module:
     """Load the HF model and parallelise it in the one order this backend uses."""
-    model = load_hf_model(model_path, cfg, on_gpu)
+    model = load_hf_model(model_path, cfg)
     # 1. LoRA: swap targeted Linears for LoRALinear while the module tree is plain.
     if trainable and cfg.lora is not None:
         apply_lora(model, cfg.lora)
@@ -172,8 +173,8 @@ def build_parallel_model(model_path: str, cfg: TrainBackendConfig, mesh: DeviceM
     # 3. Activation checkpointing per decoder layer (HF's non-reentrant checkpointing keeps FQNs).
     if trainable and cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    # 4. FSDP2 over "dp". A CPU run with one data shard skips it: sharding over one rank only adds
-    #    copies (on GPU it still brings mixed precision and offload).
-    if on_gpu or cfg.data_parallel_size > 1:
+    # 4. FSDP2 over "dp". An fp32 CPU run with one data shard skips it: sharding over one rank only
+    #    adds copies (with bf16, or on GPU, it still brings mixed precision, and offload).
+    if on_gpu or cfg.data_parallel_size > 1 or cfg.dtype != "float32":
         apply_fsdp(model, mesh["dp"], cfg, on_gpu)
     return model

@@ -1,114 +1,12 @@
-"""The driver side of the DTensor backend: rl_core.protocols.TrainingBackend over a WorkerGroup."""
+"""The driver side of the DTensor backend."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import torch
-
-from rl_backends_train.batching import rows_per_group
-from rl_backends_train.config import TrainBackendConfig
 from rl_backends_train.dtensor.worker import DTensorWorker
-from rl_core.batch import Batch, batch_size, select
-from rl_core.cluster import WorkerGroup
-from rl_core.protocols import LossFn
+from rl_backends_train.policy import TrainPolicy
 
 
-class DTensorPolicy:
-    """A model sharded over ``cfg.num_workers`` ranks (data parallel x tensor parallel)."""
+class DTensorPolicy(TrainPolicy):
+    """A model sharded over ``cfg.num_workers`` ranks (data parallel x tensor parallel, FSDP2)."""
 
-    worker_cls: type = DTensorWorker
-
-    def __init__(self, cfg: TrainBackendConfig, model_path: str, *, seed: int = 0, name: str = "policy") -> None:
-        self.cfg = cfg
-        self.model_path = model_path
-        self.group = WorkerGroup(
-            self.worker_cls,
-            cfg.num_workers,
-            init_kwargs={"cfg": cfg, "model_path": model_path, "seed": seed},
-            cpus_per_worker=cfg.cpus_per_worker,
-            gpus_per_worker=cfg.gpus_per_worker,
-            use_ray=cfg.use_ray,
-            name=name,
-        )
-
-    # ------------------------------------------------------------------------ TrainingBackend
-
-    def train(self, batch: Batch, loss_fn: LossFn, *, temperature: float = 1.0) -> dict[str, float]:
-        """One optimizer step; returns the summed loss metrics plus loss, grad_norm and lr."""
-        padded, _ = self._pad_for_dp(batch)
-        return self.group.run_all("train", padded, loss_fn, temperature)[0]
-
-    def logprobs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
-        """[B, T] logprobs of ``batch['input_ids']`` under the current weights."""
-        return self._gather_rows("logprobs", batch, temperature=temperature)
-
-    def reference_logprobs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
-        """[B, T] logprobs under the frozen reference (initial weights, or the LoRA base)."""
-        return self._gather_rows("logprobs", batch, temperature=temperature, reference=True)
-
-    def topk_logits(self, batch: Batch, k: int, *, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(values [B, T, k], indices [B, T, k])`` of the temperature-scaled logits scoring each token."""
-        padded, n = self._pad_for_dp(batch)
-        parts = self._per_data_shard(self.group.run_all("topk_logits", padded, k, temperature))
-        return torch.cat([p[0] for p in parts])[:n], torch.cat([p[1] for p in parts])[:n]
-
-    def scores(self, batch: Batch) -> torch.Tensor:
-        """[B] scalar scores (task='reward_model') at each sequence's last real token."""
-        return self._gather_rows("scores", batch)
-
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (unsharded, LoRA-merged) tensors in HF names, fetched from rank 0 bucket by bucket."""
-        buckets = self.group.run_rank(0, "weight_buckets", self.cfg.weights_bucket_bytes)
-        for names in buckets:
-            yield from self.group.run_all("gather_weights", names)[0].items()
-
-    def save(self, path: str) -> None:
-        """DCP checkpoint (see rl_backends_train.checkpoint for the layout)."""
-        self.group.run_all("save", str(path))
-
-    def load(self, path: str) -> int:
-        """Restore model, optimizer, schedulers, RNG states and step; returns the step."""
-        return self.group.run_all("load", str(path))[0]
-
-    def export_hf(self, path: str) -> None:
-        """A consolidated HF directory (merged safetensors, config, tokenizer)."""
-        self.group.run_all("export_hf", str(path))
-
-    def save_adapter(self, path: str) -> None:
-        """The LoRA adapter alone, in PEFT format."""
-        self.group.run_all("save_adapter", str(path))
-
-    def shutdown(self) -> None:
-        self.group.shutdown()
-
-    # ------------------------------------------------------------------------------- helpers
-
-    def _gather_rows(self, method: str, batch: Batch, **kwargs) -> torch.Tensor:
-        padded, n = self._pad_for_dp(batch)
-        parts = self._per_data_shard(self.group.run_all(method, padded, **kwargs))
-        return torch.cat(parts)[:n]
-
-    def _per_data_shard(self, results: list) -> list:
-        """One result per data shard (rank = dp_rank * tp + tp_rank; tp peers hold the same rows)."""
-        return results[:: self.cfg.tensor_parallel_size]
-
-    def _pad_for_dp(self, batch: Batch) -> tuple[Batch, int]:
-        """Append copies of the first rows (of the first pair, for preference batches) with nothing to
-        score, so the rows split evenly over data shards without splitting a pair."""
-        n = batch_size(batch)
-        size = rows_per_group(batch)
-        extra = -n % (self.cfg.data_parallel_size * size)
-        if not extra:
-            return batch, n
-        filler = select(batch, [i % size for i in range(extra)])
-        for key in ("loss_mask", "sample_mask"):
-            if key in filler:
-                filler[key] = torch.zeros_like(filler[key])
-        return {k: torch.cat([batch[k], filler[k]]) for k in batch}, n
-
-    def __enter__(self) -> DTensorPolicy:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
+    worker_cls = DTensorWorker

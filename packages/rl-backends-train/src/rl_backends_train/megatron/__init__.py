@@ -10,7 +10,7 @@ def require_megatron():
     try:
         import megatron.core as megatron_core
     except ImportError as e:
-        raise ImportError(f"{MEGATRON_EXTRA_HINT} (policy.training.backend=megatron): {e}") from e
+        raise ImportError(f"{MEGATRON_EXTRA_HINT} (policy.backend=megatron): {e}") from e
     return megatron_core
 
 

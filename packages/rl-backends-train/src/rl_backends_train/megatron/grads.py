@@ -1,5 +1,5 @@
 """Gradients of the Megatron backend after backward: sums over data parallel and over the two copies
-of tied embeddings, and the global norm over tensor-parallel shards and pipeline stages.
+of tied embeddings, and which ranks hold each gradient (for the global norm, ``optim.clip_grad_norm``).
 
 Megatron's TP layers already did the tensor-parallel reductions inside backward. (Megatron's own
 ``finalize_model_grads`` does the same sums on its DDP wrapper's ``main_grad`` buffers; this backend
@@ -44,41 +44,26 @@ def reduce_gradients(model: MegatronCausalLM, trainable: list[torch.nn.Parameter
                 dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
 
 
-def clip_grad_norm(model: MegatronCausalLM, max_norm: float | None, tp_group, pp_group, ep_group=None) -> float:
-    """Global L2 norm of the whole model's gradient, clipped to ``max_norm``: squares of
-    tensor-parallel shards are summed over the TP group, replicated parameters (norms; the same
-    gradient on every TP rank) counted once, experts' squares summed over the expert-parallel group
-    (each rank holds different experts), the stages' sums added over the pipeline group, and the
-    last stage's copy of tied embeddings left out (the first stage counts that tensor)."""
-    device = next(model.parameters()).device
-    sharded = torch.zeros((), dtype=torch.float64, device=device)
-    replicated = torch.zeros((), dtype=torch.float64, device=device)
-    expert = torch.zeros((), dtype=torch.float64, device=device)
-    grads = []
+def weighted_gradients(model: MegatronCausalLM, dp_group, tp_group, ep_group=None, expert_dp_group=None
+                       ) -> tuple[list[torch.Tensor], list[float]]:
+    """This rank's gradients and for each 1 / (ranks holding the same values) (``optim.clip_grad_norm``):
+    a tensor-parallel shard is held by the data x context parallel ranks (``dp_group``) of its stage,
+    a replicated parameter (norms; the same gradient on every TP rank) by those times the TP ranks, an
+    expert (with expert parallel) by the ranks holding the same experts (``expert_dp_group``); the last
+    stage's copy of tied embeddings counts 0 (the first stage counts that tensor)."""
+    dp, tp = dist.get_world_size(dp_group), dist.get_world_size(tp_group)
+    grads, weights = [], []
     for chunk in model.model_chunks:
         for name, param in chunk.gpt.named_parameters():
             if param.grad is None:
                 continue
             grads.append(param.grad)
             if chunk.stage.holds_tied_copy and name == "output_layer.weight":
-                continue
-            sq = param.grad.detach().double().pow(2).sum()
-            if ep_group is not None and experts.is_expert(name):
-                expert += sq
+                weights.append(0.0)
+            elif ep_group is not None and experts.is_expert(name):
+                weights.append(1.0 / dist.get_world_size(expert_dp_group))
             elif tp_shards.shard_dim(name) is None:
-                replicated += sq
+                weights.append(1.0 / (dp * tp))
             else:
-                sharded += sq
-    if dist.get_world_size(tp_group) > 1:
-        dist.all_reduce(sharded, group=tp_group)
-    if ep_group is not None:
-        dist.all_reduce(expert, group=ep_group)
-    total_sq = sharded + replicated + expert
-    if dist.get_world_size(pp_group) > 1:
-        dist.all_reduce(total_sq, group=pp_group)
-    total = float(total_sq.sqrt())
-    if max_norm is not None and total > max_norm:
-        coef = max_norm / (total + 1e-6)
-        for g in grads:
-            g.mul_(coef)
-    return total
+                weights.append(1.0 / dp)
+    return grads, weights

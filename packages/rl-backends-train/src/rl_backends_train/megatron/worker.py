@@ -1,7 +1,7 @@
 """One rank of the Megatron-core backend.
 
-Shares the DTensor worker's operations (micro-batching, packing, losses, logprobs, top-k,
-checkpoint layout) and replaces what is model-specific: building a GPTModel from the HF weights,
+Shares the operations of ``TrainWorker`` (``rl_backends_train/worker.py``: micro-batching, packing,
+losses, logprobs, top-k, checkpoint layout) and supplies what is model-specific: building a GPTModel from the HF weights,
 data-parallel gradient sums (an all-reduce over the data-parallel group), the gradient norm over
 tensor-parallel shards and pipeline stages, and HF names for refit, export and checkpoints. Covered:
 causal_lm, LoRA, tensor parallel (Megatron's layers; ranks of a tensor-parallel group are neighbours,
@@ -24,6 +24,7 @@ reads one. Checkpoints hold the base HF weights and the adapters unmerged (``mod
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -35,13 +36,13 @@ from torch.distributed.checkpoint.state_dict import (
 
 from rl_backends_train.batching import dummy_micro_batch
 from rl_backends_train.config import TrainBackendConfig
-from rl_backends_train.dtensor.worker import DTensorWorker
-from rl_backends_train.lora import adapter_config, write_adapter
+from rl_backends_train.lora import adapter_config
 from rl_backends_train.megatron import grads, lora, tp_shards
 from rl_backends_train.megatron.cpu_shims import apply_cpu_shims
 from rl_backends_train.megatron.model import MegatronCausalLM, ModelChunks
 from rl_backends_train.megatron.pipeline import PipelineSchedule
-from rl_backends_train.optim import build_optimizers, build_schedulers, clip_grad_norm
+from rl_backends_train.precision import MasterWeights
+from rl_backends_train.worker import TrainWorker
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Optimizer state in checkpoints: flattened (``state.<fqn>.<entry>``, ``param_groups.<fqn>.<entry>``),
@@ -68,9 +69,11 @@ def check_megatron_config(cfg: TrainBackendConfig) -> None:
 
 
 def build_megatron_model(model_path: str, cfg: TrainBackendConfig, device: torch.device, *,
-                         seed: int = 0) -> MegatronCausalLM:
+                         seed: int = 0, fp32_params: bool = False) -> MegatronCausalLM:
     """The GPTModel with the HF weights (with virtual pipeline stages: this rank's chunks of it); with
-    ``cfg.lora`` frozen, adapters added (A drawn from ``seed``)."""
+    ``cfg.lora`` frozen, adapters added (A drawn from ``seed``). Layers compute in ``cfg.dtype``;
+    ``fp32_params``: the parameters hold fp32 values nonetheless (``precision.MasterWeights``), loaded
+    from the HF weights without rounding."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
@@ -79,6 +82,9 @@ def build_megatron_model(model_path: str, cfg: TrainBackendConfig, device: torch
     parts = [MegatronCausalLM(hf_config, _DTYPES[cfg.dtype], recompute=cfg.activation_checkpointing, chunk=v,
                               chunks=chunks, sequence_parallel=cfg.sequence_parallel) for v in range(chunks)]
     model = parts[0] if chunks == 1 else ModelChunks(parts)
+    if fp32_params:
+        for param in model.parameters():
+            param.data = param.data.float()
     model.load_hf_state_dict(_read_hf_weights(model_path, load_file))
     if cfg.lora is not None:
         for part in parts:  # each draws every layer's adapters in order and keeps its own
@@ -148,23 +154,31 @@ def init_model_parallel(tensor_parallel_size: int, pipeline_parallel_size: int =
     _groups_made_in = dist.group.WORLD
 
 
-class MegatronWorker(DTensorWorker):
+def seed_model_parallel_rng(seed: int, on_gpu: bool) -> None:
+    """On CUDA: megatron-core's named CUDA RNG states (data-parallel, ``model-parallel-rng`` for
+    tensor-parallel regions, expert-parallel), which its RNG tracker forks in every attention forward
+    ("cuda rng state model-parallel-rng is not added" otherwise); after the model-parallel groups
+    exist (the tensor-parallel rank offsets the stream). On the CPU the tracker's ``fork`` is a no-op
+    (``cpu_shims`` 2)."""
+    if on_gpu:
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+class MegatronWorker(TrainWorker):
     """A rank holding its tensor-parallel shard of its pipeline stage of a GPTModel (data parallel over
     the model-parallel groups)."""
 
-    def __init__(self, cfg: TrainBackendConfig, model_path: str, seed: int = 0) -> None:
+    def _init_parallel(self, seed: int) -> None:
         from megatron.core import parallel_state
 
+        cfg = self.cfg
         check_megatron_config(cfg)
         apply_cpu_shims()
-        self.cfg = cfg
-        self.model_path = model_path
-        self.on_gpu = torch.cuda.is_available()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
-        if dist.get_world_size() != cfg.num_workers:
-            raise ValueError(f"world size {dist.get_world_size()} != num_workers {cfg.num_workers}")
         init_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.context_parallel_size,
                             cfg.expert_parallel_size, cfg.virtual_pipeline_parallel_size)
+        seed_model_parallel_rng(seed, self.on_gpu)
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         # Gradients are summed over data x context parallel ranks: a CP rank's covers its positions.
@@ -185,42 +199,38 @@ class MegatronWorker(DTensorWorker):
             shape = (cfg.pipeline_parallel_size, cfg.data_parallel_size, cfg.context_parallel_size,
                      cfg.tensor_parallel_size)
             self.tp_mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=("pp", "dp", "cp", "tp"))["tp"]
-        self.rank = dist.get_rank()
-        torch.manual_seed(seed)
-        self.model = build_megatron_model(model_path, cfg, self.device, seed=seed)
         self.pipeline = None
         if cfg.pipeline_parallel_size > 1:
             self.pipeline = PipelineSchedule(cfg.pipeline_parallel_size, self.pp_group, self.device)
-        self.hf_shapes = self._whole_model_hf_shapes()
-        self.hf_config = self.model.config
-        self.model_class = _hf_causal_lm_class(self.hf_config)
-        self.score_head = None
-        self.reference = None
-        if cfg.reference_model and cfg.lora is None:  # with LoRA the reference is the base: adapters off
-            self.reference = build_megatron_model(model_path, cfg, self.device).requires_grad_(False).eval()
-        self.optimizers = build_optimizers(self.model, cfg.optimizer)
-        self.schedulers = build_schedulers(self.optimizers, cfg.scheduler)
-        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.step = 0
-        torch.manual_seed(seed + 1 + self.dp_rank)
+
+    def _build_model(self, seed: int) -> MegatronCausalLM | ModelChunks:
+        """With bf16: fp32 master weights, bf16 compute (``precision.MasterWeights``), as the DTensor
+        backend's FSDP2 mixed precision."""
+        masters = self.cfg.dtype != "float32"
+        model = build_megatron_model(self.model_path, self.cfg, self.device, seed=seed, fp32_params=masters)
+        self.masters = MasterWeights(model, _DTYPES[self.cfg.dtype]) if masters else None
+        self.hf_shapes = self._whole_model_hf_shapes(model)
+        return model
+
+    def _compute_precision(self):
+        return self.masters.compute() if self.masters is not None else contextlib.nullcontext()
+
+    def _build_reference(self) -> MegatronCausalLM | ModelChunks:
+        return build_megatron_model(self.model_path, self.cfg, self.device).requires_grad_(False).eval()
+
+    def _hf_model_class(self) -> type:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM._model_mapping[type(self.hf_config)]
 
     # Weights in HF names (refit, export).
-    def weight_buckets(self, bucket_bytes: int) -> list[list[str]]:
-        """Called on rank 0 alone: sizes come from shapes (of every stage, gathered at start)."""
-        buckets: list[list[str]] = [[]]
-        size = 0
+    def _weight_sizes(self) -> Iterator[tuple[str, int]]:
+        """From shapes (of every stage, gathered at start): rank 0 alone is asked."""
         for name, (shape, dtype) in self.hf_shapes.items():
-            nbytes = torch.Size(shape).numel() * dtype.itemsize
-            if buckets[-1] and size + nbytes > bucket_bytes:
-                buckets.append([])
-                size = 0
-            buckets[-1].append(name)
-            size += nbytes
-        return buckets
+            yield name, torch.Size(shape).numel() * dtype.itemsize
 
     def gather_weights(self, names: list[str]) -> dict[str, torch.Tensor] | None:
-        """Full HF tensors of ``names`` on rank 0 (others: None); every rank must call it (TP gathers
-        within each stage, then the stages' tensors to rank 0)."""
+        """TP gathers within each stage, then the stages' tensors to rank 0."""
         # Data/context-parallel replicas hold the same weights; with expert parallel, the ranks of the
         # first expert group together hold every expert.
         first_replica = self.dp_rank == 0 if self.ep_group is None else self.expert_dp_rank == 0
@@ -233,18 +243,14 @@ class MegatronWorker(DTensorWorker):
         tensors = self._stages_to_rank0({name: state[name].detach().cpu().clone() for name in ours})
         return {name: tensors[name] for name in names} if self.rank == 0 else None
 
-    def save_adapter(self, path: str) -> None:
-        """PEFT-format adapter (adapter_model.safetensors + adapter_config.json), written by rank 0;
-        the same files as the DTensor backend's for the same adapters."""
-        if self.cfg.lora is None:
-            raise ValueError("save_adapter() needs a LoRA config (policy.training.lora)")
+    def _adapter_tensors(self) -> dict[str, torch.Tensor] | None:
         adapters = self.model.hf_adapter_state_dict()  # a tensor-parallel gather: every rank calls it
         if self.dp_rank == 0 and self.cp_rank == 0 and self.tp_rank == 0:
             adapters = self._stages_to_rank0({k: v.detach().cpu() for k, v in adapters.items()})
-        if self.rank == 0:
-            write_adapter(path, {k: v.detach().cpu() for k, v in adapters.items()},
-                          adapter_config(self.cfg.lora, self.model_path, self.cfg.task))
-        dist.barrier()
+        return adapters if self.rank == 0 else None
+
+    def _adapters_disabled(self):
+        return lora.adapters_disabled(self.model)
 
     def load_adapter(self, path: str) -> None:
         """Replace the adapters by a PEFT-format adapter (``save_adapter``'s files, from either
@@ -255,17 +261,17 @@ class MegatronWorker(DTensorWorker):
         from safetensors.torch import load_file
 
         if self.cfg.lora is None:
-            raise ValueError("load_adapter() needs a LoRA config (policy.training.lora)")
+            raise ValueError("load_adapter() needs a LoRA config (policy.lora)")
         saved = json.loads((Path(path) / "adapter_config.json").read_text())
         ours = adapter_config(self.cfg.lora, self.model_path, self.cfg.task)
         differ = {k: (saved.get(k), ours[k]) for k in ("r", "lora_alpha", "target_modules") if saved.get(k) != ours[k]}
         if differ:
-            raise ValueError(f"{path}/adapter_config.json does not match policy.training.lora "
+            raise ValueError(f"{path}/adapter_config.json does not match policy.lora "
                              f"(saved, configured): {differ}")
         tensors = load_file(str(Path(path) / "adapter_model.safetensors"))
         self.model.load_hf_state_dict({k.removeprefix("base_model.model."): v for k, v in tensors.items()})
 
-    # Pipeline parallel: the DTensor worker's operations run their micro-batches through here.
+    # Pipeline parallel: the shared operations run their micro-batches through here.
     def _run_micro_batches(self, model, mbs, on_outputs, *, backward: bool, **output_kwargs) -> None:
         """With pipeline stages: megatron-core's 1F1B schedule (``megatron/pipeline.py``);
         ``on_outputs`` runs on the last stage only."""
@@ -297,10 +303,9 @@ class MegatronWorker(DTensorWorker):
     def _reduce_gradients(self) -> None:
         grads.reduce_gradients(self.model, self.trainable, self.grad_group, self.expert_grad_group, self.tp_group)
 
-    def _clip_gradients(self) -> float:
-        if self.cfg.tensor_parallel_size == 1 and self.pipeline is None and self.ep_group is None:
-            return clip_grad_norm(self.trainable, self.cfg.max_grad_norm)
-        return grads.clip_grad_norm(self.model, self.cfg.max_grad_norm, self.tp_group, self.pp_group, self.ep_group)
+    def _weighted_gradients(self) -> tuple[list[torch.Tensor], list[float]]:
+        return grads.weighted_gradients(self.model, self.grad_group, self.tp_group, self.ep_group,
+                                        self.expert_grad_group)
 
     def _checkpoint_state(self) -> dict:
         """Model tensors of this stage under HF names (the rl-checkpoint contract; gathered to full with
@@ -326,12 +331,12 @@ class MegatronWorker(DTensorWorker):
         fqn, entry = fqn.rsplit(".", 1)
         return f"{section}.{rename(fqn)}.{entry}"
 
-    def _whole_model_hf_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    def _whole_model_hf_shapes(self, model) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """HF name -> (full shape, dtype) of the whole model (every stage's, gathered once at start);
         ``stage_hf_names``: the names this stage sends for refit and export."""
-        ours = {name: (tuple(t.shape), t.dtype) for name, t in self.model.hf_shapes().items()}
+        ours = {name: (tuple(t.shape), t.dtype) for name, t in model.hf_shapes().items()}
         self.stage_hf_names = set(ours)
-        if self.model.holds_tied_copy:
+        if model.holds_tied_copy:
             self.stage_hf_names.discard("model.embed_tokens.weight")  # the first stage sends it
         if self.pipeline is None:
             return ours
@@ -349,20 +354,3 @@ class MegatronWorker(DTensorWorker):
         if self.rank != 0:
             return tensors
         return {name: tensor for part in parts for name, tensor in part.items()}
-
-    @contextlib.contextmanager
-    def _reference_weights(self, reference: bool):
-        """With LoRA the reference is this model with its adapters switched off (no copy)."""
-        if not (reference and self.cfg.lora is not None):
-            with super()._reference_weights(reference) as model:
-                yield model
-            return
-        self.model.eval()
-        with lora.adapters_disabled(self.model) as model:
-            yield model
-
-
-def _hf_causal_lm_class(config) -> type:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM._model_mapping[type(config)]

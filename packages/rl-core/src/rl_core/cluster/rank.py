@@ -29,6 +29,41 @@ def node_ip() -> str:
         return "127.0.0.1"
 
 
+def cuda_device_index(*, cuda_available: bool, assigned_gpus: list[str] | None, visible_devices: str | None,
+                      local_rank: int) -> int | None:
+    """The CUDA device a rank uses (an index among the devices this process sees), or None: the CPU.
+
+    ``assigned_gpus``: the GPU ids Ray assigned to the rank's actor (``ray.get_runtime_context()
+    .get_accelerator_ids()["GPU"]``), None outside Ray (an in-process rank: device ``local_rank``).
+    ``visible_devices``: the process's CUDA_VISIBLE_DEVICES. Ray sets it to the assigned ids when a
+    GPU is assigned, but leaves it untouched when none is (Ray 2.60, ``gpus_per_worker: 0``): every
+    such rank would see all GPUs and pick device 0, so a rank that sees CUDA without a GPU of its own
+    is refused rather than put on a GPU that someone else reserved."""
+    if not cuda_available:
+        return None
+    if assigned_gpus is None:
+        return local_rank
+    if not assigned_gpus:
+        raise RuntimeError(
+            "this rank sees CUDA devices but Ray assigned it no GPU (gpus_per_worker=0), so it would use a GPU "
+            "it did not reserve: give each rank a GPU (gpus_per_worker=1), or hide the GPUs "
+            "(CUDA_VISIBLE_DEVICES=) to run the group on CPU")
+    gpu = sorted(str(g) for g in assigned_gpus)[0]
+    if visible_devices is None:
+        return int(gpu)
+    visible = [v.strip() for v in visible_devices.split(",") if v.strip()]
+    if gpu not in visible:
+        raise RuntimeError(f"Ray assigned GPU {gpu} but CUDA_VISIBLE_DEVICES={visible_devices!r} does not list it")
+    return visible.index(gpu)
+
+
+def ray_assigned_gpus() -> list[str]:
+    """The GPU ids Ray assigned to this actor (inside a Ray actor only)."""
+    import ray
+
+    return [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
+
+
 class RankFailure(Exception):
     """Carries a worker exception's formatted traceback from a rank to the driver (in-process path)."""
 
@@ -58,9 +93,10 @@ class RankRuntime:
 
     def setup(self, rank: int, world_size: int, local_rank: int, local_world_size: int, master_addr: str,
               master_port: int, env: dict[str, str], torch_threads: int | None, pg_timeout_s: float,
-              init_process_group: bool = True) -> str:
-        """Export the rank's environment, set torch threads and initialise the default process group.
-        Returns the torch.distributed backend used."""
+              init_process_group: bool = True, ray_actor: bool = False) -> str:
+        """Export the rank's environment, set torch threads, pick the CUDA device (from Ray's assigned
+        GPUs in a Ray actor: ``cuda_device_index``) and initialise the default process group. Returns
+        the torch.distributed backend used."""
         import torch
         import torch.distributed as dist
 
@@ -77,9 +113,12 @@ class RankRuntime:
         if torch_threads is not None:
             # Ray sets OMP_NUM_THREADS=1 in actors; torch would otherwise use one thread.
             torch.set_num_threads(torch_threads)
-        use_cuda = torch.cuda.is_available()
+        device = cuda_device_index(cuda_available=torch.cuda.is_available(),
+                                   assigned_gpus=ray_assigned_gpus() if ray_actor else None,
+                                   visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), local_rank=local_rank)
+        use_cuda = device is not None
         if use_cuda:
-            torch.cuda.set_device(0 if "CUDA_VISIBLE_DEVICES" in os.environ else local_rank)
+            torch.cuda.set_device(device)
         backend = "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
         if init_process_group and not dist.is_initialized():
             dist.init_process_group(

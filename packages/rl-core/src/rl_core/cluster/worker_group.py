@@ -149,7 +149,7 @@ class WorkerGroup:
         local_ranks, local_sizes = _local_ranks([node_id for _, node_id, _ in infos])
         setup = [
             actor.setup.remote(rank, self.world_size, local_ranks[rank], local_sizes[rank], master_addr,
-                               master_port, env, threads, pg_timeout_s)
+                               master_port, env, threads, pg_timeout_s, ray_actor=True)
             for rank, actor in enumerate(self._actors)
         ]
         self._wait_all(setup, "init_process_group", startup_timeout_s)
