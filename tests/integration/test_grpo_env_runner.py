@@ -9,7 +9,7 @@ from rl_apps.cli import main
 from rl_core.logging import read_jsonl_metrics
 
 # Wall-clock measurements differ between any two runs; everything else must match exactly.
-NOT_COMPARED = ("train/time/", "train/throughput/", "timestamp")
+NOT_COMPARED = ("train/time/", "train/throughput/", "train/memory/", "timestamp")
 
 
 def run_smoke(out, *extra: str) -> list[dict]:

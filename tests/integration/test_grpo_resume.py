@@ -15,8 +15,8 @@ from rl_apps import recipe_path
 from rl_core.logging import read_jsonl_metrics
 
 STEPS = 4
-# Wall-clock measurements differ between any two runs; everything else must match exactly.
-NOT_COMPARED = ("train/time/", "train/throughput/", "timestamp")
+# Wall-clock and memory measurements differ between any two runs; everything else must match exactly.
+NOT_COMPARED = ("train/time/", "train/throughput/", "train/memory/", "timestamp")
 
 
 def command(out: Path, *extra: str) -> list[str]:

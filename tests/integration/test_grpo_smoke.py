@@ -33,7 +33,8 @@ def test_smoke_recipe_trains_and_logs(smoke_run):
     assert trained, "no step had a learning signal"
     for r in trained:
         for key in ("train/loss", "train/grad_norm", "train/clip_fraction", "train/reward_mean",
-                    "train/time/generate", "train/time/train", "train/throughput/generated_tokens_per_s"):
+                    "train/time/generate", "train/time/train", "train/throughput/generated_tokens_per_s",
+                    "train/memory/generate/cpu_rss_gib", "train/memory/train/cpu_rss_gib"):
             assert key in r and r[key] == r[key], key  # present and not NaN
     val = [r for r in records if "val/accuracy" in r]
     assert [r["step"] for r in val] == [0, 3]

@@ -7,7 +7,9 @@ steps -> refit the generation backend -> metrics, validation, checkpoint.
 
 Simplifications, stated: the driver holds the whole step's batch; validation is a callback
 (``validate_fn``) so that the loop does not know how a task is scored; with placement
-``colocated`` the generation backend sleeps from the end of generation to the refit.
+``colocated`` the policy is offloaded (weights, gradients, optimizer state) while the engine
+generates, and the engine sleeps from the end of generation to the refit; memory figures of both
+phases are reported as ``memory/generate/*`` and ``memory/train/*``.
 """
 
 from __future__ import annotations
@@ -90,14 +92,19 @@ def grpo_step(
     from rl_algorithms.rollout import episodes_to_batch
 
     metrics: Metrics = {}
+    colocated = cfg.placement == "colocated"
+    if colocated:  # the engine gets the device to itself; the previous step's refit is done
+        policy.offload(weights=True)
     with timer.time("generate"):
         episodes, rollout_metrics = generate_rollouts(cfg, generation, tokenizer, prompts, environments, step=step,
                                                       seed=seed, env_runner=env_runner)
     metrics.update(rollout_metrics)
     log_examples(logger, episodes, cfg.log_samples, step + 1)
     metrics["throughput/generated_tokens_per_s"] = metrics["generated_tokens"] / max(timer.peek()["generate"], 1e-9)
-    if cfg.placement == "colocated":
+    metrics.update(memory_metrics(policy, "generate"))
+    if colocated:
         generation.sleep()
+        policy.onload()
 
     trained = False
     if episodes:
@@ -116,16 +123,22 @@ def grpo_step(
         if has_learning_signal(batch, loss_cfg) or not cfg.skip_steps_without_signal:
             with timer.time("train"):
                 metrics.update(train_on_batch(policy, batch, loss_fn, cfg, step=step, seed=seed))
+            metrics.update(memory_metrics(policy, "train"))
             metrics["throughput/train_tokens_per_s"] = float(batch["attention_mask"].sum()) / max(timer.peek()["train"], 1e-9)
             trained = True
     metrics["skipped"] = 0.0 if trained else 1.0
 
-    if cfg.placement == "colocated":
+    if colocated:
         generation.wake()
     if trained:
         with timer.time("refit"):
             refit(policy, generation)
     return metrics
+
+
+def memory_metrics(policy: TrainingBackend, phase: str) -> Metrics:
+    """The policy's memory figures (GiB, largest over ranks) at the end of ``phase``."""
+    return {f"memory/{phase}/{name}": value for name, value in policy.memory_metrics().items()}
 
 
 def log_examples(logger: MetricsSink | None, episodes: Sequence[Any], count: int, step: int) -> None:
