@@ -10,6 +10,7 @@ from rl_core.types import PromptSample
 from rl_environments.arithmetic import ArithmeticDatasetConfig, arithmetic_split
 from rl_environments.config import DatasetConfig, FileDatasetConfig, ToolsDatasetConfig
 from rl_environments.countdown import CountdownDatasetConfig, countdown_split
+from rl_environments.shapes import ShapesDatasetConfig
 from rl_environments.sliding_puzzle import SlidingPuzzleDatasetConfig, sliding_puzzle_split
 from rl_environments.splits import Split
 from rl_environments.tools import tools_split
@@ -25,6 +26,8 @@ def build_dataset(cfg: DatasetConfig, split: Split, size: int | None = None) -> 
         return countdown_split(cfg, split, size)
     if isinstance(cfg, SlidingPuzzleDatasetConfig):
         return sliding_puzzle_split(cfg, split, size)
+    if isinstance(cfg, ShapesDatasetConfig):
+        return cfg.build(split, size)
     if isinstance(cfg, FileDatasetConfig):
         path = getattr(cfg, f"{split}_path")
         if path is None:
