@@ -14,6 +14,9 @@ from rl_checkpoint.errors import CheckpointError
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".distcp")
 _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+# Folders of model files that are not weights: transformers' named chat templates (a processor's or a
+# tokenizer's ``additional_chat_templates/<name>.jinja``).
+_CONFIG_DIRS = ("additional_chat_templates",)
 
 
 @contextlib.contextmanager
@@ -93,7 +96,7 @@ def check_output(out: str | Path, *inputs: str | Path, around: tuple[str | Path,
 
 
 def copy_config_files(src: Path | None, dst: Path) -> list[str]:
-    """Copy config, generation config, tokenizer and chat-template files (never weights)."""
+    """Copy config, generation config, tokenizer, processor and chat-template files (never weights)."""
     if src is None or not src.is_dir():
         return []
     copied = []
@@ -101,6 +104,9 @@ def copy_config_files(src: Path | None, dst: Path) -> list[str]:
         if item.is_file() and not item.name.endswith(_WEIGHT_SUFFIXES) and item.name not in _WEIGHT_INDEXES \
                 and not item.name.startswith(".") and item.name not in ("meta.json", "adapter_config.json", "manifest.json"):
             shutil.copy2(item, dst / item.name)
+            copied.append(item.name)
+        elif item.is_dir() and item.name in _CONFIG_DIRS:
+            shutil.copytree(item, dst / item.name)
             copied.append(item.name)
     return copied
 

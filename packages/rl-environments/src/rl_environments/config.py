@@ -14,6 +14,7 @@ from rl_core.types import PromptSample
 from rl_environments.arithmetic import ArithmeticDatasetConfig
 from rl_environments.countdown import CountdownDatasetConfig
 from rl_environments.dataset_base import PromptCheck, PromptDatasetConfig
+from rl_environments.shapes import ShapesDatasetConfig
 from rl_environments.sliding_puzzle import SlidingPuzzleDatasetConfig
 from rl_environments.splits import Split
 
@@ -22,7 +23,7 @@ class EnvConfig(StrictModel):
     """One environment, built with ``build_environment(name, **kwargs)``."""
 
     name: str = "arithmetic"
-    """A registered environment: arithmetic, countdown, math, code, tools, sliding_puzzle, reward_model,
+    """A registered environment: arithmetic, countdown, math, code, tools, sliding_puzzle, shapes, reward_model,
     reward_function, or one registered by a module in ``import_modules``."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Constructor arguments, e.g. ``{answer_format: either}`` or ``{fn: "my_pkg.rewards:score"}``."""
@@ -99,6 +100,6 @@ class FileDatasetConfig(PromptFieldsConfig, PromptDatasetConfig):
 
 DatasetConfig = Annotated[
     ArithmeticDatasetConfig | CountdownDatasetConfig | SlidingPuzzleDatasetConfig | ToolsDatasetConfig
-    | FileDatasetConfig,
+    | FileDatasetConfig | ShapesDatasetConfig,
     Field(discriminator="kind"),
 ]

@@ -41,6 +41,7 @@ def _register_builtins() -> None:
     from rl_environments.math_env import MathEnvironment
     from rl_environments.reward_function import reward_function_environment
     from rl_environments.reward_model import RewardModelEnvironment
+    from rl_environments.shapes import ShapesEnvironment
     from rl_environments.sliding_puzzle import SlidingPuzzleEnvironment
     from rl_environments.tools import ToolsEnvironment
 
@@ -48,6 +49,7 @@ def _register_builtins() -> None:
         "arithmetic": ArithmeticEnvironment, "countdown": CountdownEnvironment, "math": MathEnvironment,
         "code": CodeEnvironment, "tools": ToolsEnvironment, "sliding_puzzle": SlidingPuzzleEnvironment,
         "reward_model": RewardModelEnvironment, "reward_function": reward_function_environment,
+        "shapes": ShapesEnvironment,
     }.items():
         register_environment(name, factory)
 
