@@ -316,3 +316,20 @@ def test_auto_joins_the_cluster_started_with_ray_start(ray_cli_cluster, tmp_path
     port = ray_cli_cluster.rpartition(":")[2]
     result = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
     assert result.startswith("RESULT [8.0] ") and result.endswith(f":{port}"), result
+
+
+def test_no_address_starts_a_ray_of_its_own_beside_a_running_cluster(ray_cli_cluster, tmp_path):
+    """cluster.address unset: the program starts its own local Ray even when another cluster runs on the
+    machine and RAY_ADDRESS points at it (a stale `ray start` is never joined by accident)."""
+    import subprocess
+    import sys
+
+    code = ("from rl_core.cluster import ClusterConfig, init_ray\n"
+            "init_ray(ClusterConfig(num_cpus=1, log_to_driver=False))\n"
+            "import ray\n"
+            "print('GCS', ray.get_runtime_context().gcs_address)\n")
+    env = {**os.environ, "RAY_ADDRESS": ray_cli_cluster}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    gcs = next(line for line in proc.stdout.splitlines() if line.startswith("GCS "))
+    assert not gcs.endswith(":" + ray_cli_cluster.rpartition(":")[2]), gcs

@@ -92,6 +92,9 @@ def init_ray(cfg: ClusterConfig | None = None) -> None:
     )
     if cfg.address is None:
         kwargs.update(
+            # "local": a fresh Ray of this program's own, never a cluster that happens to run on this
+            # machine (a stale `ray start` would otherwise be joined silently).
+            address="local",
             num_cpus=cfg.num_cpus or default_num_cpus(),
             num_gpus=cfg.num_gpus,
             object_store_memory=cfg.object_store_memory,
