@@ -44,6 +44,7 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
 
     from rl_core.config import ConfigError, dump_config, load_config
     from rl_core.data_files import DataError
+    from rl_eval.errors import EvalError
 
     config_path = _resolve_config_path(args.config, module.DEFAULT_RECIPE)
     if isinstance(config_path, _Missing):
@@ -60,8 +61,12 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
         sys.stdout.write(f"# resolved config of: {command}\n{dump_config(cfg)}")
         return 0
     try:
+        if args.dry_run:
+            from rl_apps.dry_run import dry_run
+
+            return dry_run(spec.name, cfg)
         return int(module.run(cfg) or 0)
-    except (ConfigError, DataError) as e:  # a check that needs more than the schema, or a bad data file
+    except (ConfigError, DataError, EvalError) as e:  # a check that needs more than the schema, or bad data
         print(f"rl {spec.name}: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -104,6 +109,9 @@ def _command_parser(spec: CommandSpec) -> argparse.ArgumentParser:
         help="YAML config (may use `defaults:`); a packaged recipe name also works. Default: the command's default recipe.",
     )
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the model and the data, print one templated sample with its loss mask, write "
+                             "nothing and start no Ray")
     parser.add_argument("overrides", nargs="*", metavar="key.subkey=value", help="config overrides")
     return parser
 
