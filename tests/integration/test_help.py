@@ -96,3 +96,21 @@ def test_print_config_comments_documents_every_key_and_loads_back(tmp_path, caps
     assert load_config(module.CONFIG_CLASS, printed) == load_config(module.CONFIG_CLASS, module.DEFAULT_RECIPE,
                                                                      ["sft.max_steps=7"])
     assert yaml.safe_load(out)["sft"]["max_steps"] == 7
+
+
+def test_keys_of_another_command_say_whose_they_are(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["sft", "grpo.max_steps=5", "teacher.model=x", "sft.max_stepz=1"]) == 2
+    err = capsys.readouterr().err
+    assert ("grpo: unknown key 'grpo': it is a key of rl grpo, not of rl sft (`rl sft --help` lists this command's "
+            "keys)") in err
+    assert "teacher: unknown key 'teacher': it is a key of rl distill, rl xtoken-distill, not of rl sft" in err
+    assert "sft.max_stepz: unknown key 'max_stepz'. Did you mean 'max_steps'?" in err
+    assert "Traceback" not in err and list(tmp_path.iterdir()) == []
+
+
+def test_comments_without_print_config_runs_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["sft", "--comments"]) == 2
+    assert capsys.readouterr().err == "rl sft: --comments goes with --print-config (rl sft --print-config --comments)\n"
+    assert list(tmp_path.iterdir()) == []

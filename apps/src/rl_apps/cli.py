@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from rl_apps import RECIPES_DIR, __version__, list_recipes, recipe_path
 from rl_apps.commands import COMMANDS, CommandSpec
+from rl_apps.listing import keys_of_other_commands
 
 EXIT_USAGE = 2
 """Exit code for a bad command line or config (as argparse uses)."""
@@ -45,6 +46,10 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
         args = _command_parser(spec, module).parse_intermixed_args(list(argv))
     except SystemExit as e:
         return _exit_code(e)
+    if args.comments and not args.print_config:
+        print(f"rl {spec.name}: --comments goes with --print-config (rl {spec.name} --print-config --comments)",
+              file=sys.stderr)
+        return EXIT_USAGE
 
     from rl_core.config import ConfigError, dump_config, load_config
     from rl_core.data_files import DataError
@@ -57,8 +62,8 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
     try:
         cfg = load_config(module.CONFIG_CLASS, config_path, args.overrides)
     except ConfigError as e:
-        print(f"rl {spec.name}: {_recipe_of_another_command(spec.name, args.config, config_path) or e}",
-              file=sys.stderr)
+        message = _recipe_of_another_command(spec.name, args.config, config_path) or keys_of_other_commands(spec.name, e)
+        print(f"rl {spec.name}: {message}", file=sys.stderr)
         return EXIT_USAGE
 
     if args.print_config:

@@ -40,6 +40,28 @@ def recipe_commands(recipe: str) -> tuple[str, ...]:
     return tuple(found)
 
 
+def keys_of_other_commands(command: str, error: Exception) -> Exception:
+    """``error`` (a ConfigError), with each unknown top-level key that is a section of other commands
+    (``rl sft grpo.max_steps=5``) saying which; other errors as they are."""
+    from rl_core.config import ConfigError, ConfigProblem
+
+    problems = getattr(error, "problems", None)
+    if not isinstance(error, ConfigError) or not problems:
+        return error
+    fixed = []
+    for problem in problems:
+        owners = []
+        if "." not in problem.key and problem.message.startswith(f"unknown key '{problem.key}'"):
+            owners = [f"rl {name}" for name, spec in COMMANDS.items() if name != command
+                      and problem.key in importlib.import_module(spec.module).CONFIG_CLASS.model_fields]
+        if owners:
+            message = (f"unknown key '{problem.key}': it is a key of {', '.join(owners)}, not of rl {command} "
+                       f"(`rl {command} --help` lists this command's keys)")
+            problem = ConfigProblem(problem.where, problem.key, message)
+        fixed.append(problem)
+    return ConfigError(fixed)
+
+
 def recipes_of(command: str) -> list[str]:
     """The packaged recipes ``rl <command>`` runs."""
     return [recipe for recipe in list_recipes() if command in recipe_commands(recipe)]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,8 @@ from pydantic_core import PydanticUndefined
 from rl_apps.commands import COMMANDS
 from rl_apps.config_comments import inherited_doc
 from rl_core.config import config_to_dict
+from rl_core.config.validation import _flatten as _members
+from rl_core.config.validation import _is_model
 
 HEADER = """# Config reference
 
@@ -145,19 +146,6 @@ def _type(annotation: Any) -> str:
         else:
             names.append(getattr(member, "__name__", str(member)))
     return " \\| ".join(names)
-
-
-def _members(tp: Any) -> list[Any]:
-    origin = typing.get_origin(tp)
-    if origin is typing.Annotated:
-        return _members(typing.get_args(tp)[0])
-    if origin is typing.Union or origin is types.UnionType:
-        return [m for arg in typing.get_args(tp) for m in _members(arg)]
-    return [tp]
-
-
-def _is_model(tp: Any) -> bool:
-    return isinstance(tp, type) and issubclass(tp, BaseModel)
 
 
 def _anchor(cls: type[BaseModel]) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from dataclasses import dataclass, field as dataclass_field
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
