@@ -55,6 +55,13 @@ def test_every_training_recipe_dry_runs_and_writes_nothing(tmp_path, capsys, com
     assert "chat template: yes" in out and shows in out
 
 
+def test_every_command_has_a_dry_run():
+    from rl_apps.commands import COMMANDS
+    from rl_apps.dry_run import PREVIEWS
+
+    assert set(PREVIEWS) == set(COMMANDS)
+
+
 def test_eval_dry_run_renders_each_dataset(tmp_path, capsys):
     code = main(["eval", "--config", recipe_path("eval_tiny.yaml"), "report_path=report.json", "--dry-run"])
     out = capsys.readouterr().out

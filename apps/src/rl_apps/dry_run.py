@@ -10,6 +10,7 @@ token counts. No output directory, log, checkpoint or Ray cluster is created (a 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,10 @@ from rl_apps.run_setup import load_splits, resolve_with_tokenizer, start_run
 
 def dry_run(command: str, cfg: Any) -> int:
     """Check and show what ``rl <command>`` would train on; returns 0 (a bad input raises as a real run would)."""
+    if command not in PREVIEWS:
+        print(f"rl {command}: --dry-run is not available for this command (add it to rl_apps/dry_run.py)",
+              file=sys.stderr)
+        return 2
     out(f"rl {command} --dry-run: checks the model and the data; writes nothing, starts no Ray")
     PREVIEWS[command](cfg)
     output_dir = getattr(cfg, "output_dir", None)
