@@ -45,7 +45,7 @@ def dry_run(tmp_path, capsys, command: str, recipe: str, *overrides: str) -> str
     ("sft", "sft_tiny.yaml", "<|im_start|>assistant\n⟦The answer is "),
     ("dpo", "dpo_tiny.yaml", "training pair 1, rejected: "),
     ("rm", "rm_tiny.yaml", "training pair 1, chosen: "),
-    ("distill", "distill_tiny.yaml", "against the teacher's top 16 logits"),
+    ("distill", "distill_tiny.yaml", "tokens, against the teacher's top "),
     ("xtoken-distill", "xtoken_tiny.yaml", "vocabulary projection: 512 exact"),
     ("grpo", "grpo_smoke_tiny.yaml", "graded by env.name='reward_function'"),
 ])
