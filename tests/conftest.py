@@ -53,3 +53,33 @@ def ray_session():
         ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=True, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def write_rows():
+    """``write_rows(rows, folder, fmt) -> path``: ``rows`` as a .jsonl, .json or .parquet file, or a
+    ``datasets`` save_to_disk directory (``fmt``: jsonl, json, parquet or datasets; every form
+    rl_core.data_files reads)."""
+    import json
+
+    def write(rows: list[dict], folder, fmt: str) -> str:
+        path = os.path.join(str(folder), f"rows_{fmt}" + ("" if fmt == "datasets" else f".{fmt}"))
+        if fmt == "jsonl":
+            with open(path, "w") as f:
+                f.writelines(json.dumps(row) + "\n" for row in rows)
+        elif fmt == "json":
+            with open(path, "w") as f:
+                json.dump(rows, f)
+        elif fmt == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.Table.from_pylist(rows), path)
+        else:
+            import datasets
+
+            datasets.disable_progress_bars()
+            datasets.Dataset.from_list(rows).save_to_disk(path)
+        return path
+
+    return write

@@ -29,7 +29,7 @@ def grpo(tmp_path, data: str, *extra: str) -> int:
     (b'{"problem": "What is 1 + 1?"}', "line 2: missing field 'answer'"),
     (b'{"problem": "What is 1 + 1?", "answer": ', "line 2: invalid JSON"),
     (b'{"problem": "caf\xe9", "answer": 1}', "line 2: not valid UTF-8"),
-    (b'{"problem": ["What is", "1 + 1?"], "answer": 2}', "line 2: field 'problem' must be a string, got list"),
+    (b'{"problem": ["What is", "1 + 1?"], "answer": 2}', "line 2: 'problem' must be a list of {role, content}"),
     (b'{"problem": "What is 1 + 1?", "answer": null}', "line 2: field 'answer' must be a string or a number"),
     (b'{"problem": "' + b"1 + " * 200 + b'1", "answer": 201}', "line 2: the prompt is"),
 ])

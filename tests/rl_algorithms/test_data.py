@@ -117,7 +117,7 @@ def bad_rows_file(tmp_path) -> str:
     ])
 
 
-@pytest.mark.parametrize("line, reason", [(2, "missing field 'response'"), (4, "response is empty"),
+@pytest.mark.parametrize("line, reason", [(2, "missing field 'completion'"), (4, "response is empty"),
                                           (5, "not valid UTF-8"), (6, "longer than data.max_length=64"),
                                           (7, "invalid JSON"), (8, "not valid UTF-8")])
 def test_bad_row_errors_name_file_and_line(tiny_tokenizer, tmp_path, line, reason):

@@ -106,7 +106,8 @@ def test_jsonl_and_parquet_files_with_field_mapping(tmp_path):
     jsonl = tmp_path / "train.jsonl"
     jsonl.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     cfg = FileDatasetConfig(train_path=str(jsonl), prompt_field="question", answer_field="solution",
-                            metadata_fields=["level"], system_prompt="Be brief.", env="math")
+                            metadata_fields=["level"], system_prompt="Be brief.", env="math",
+                            instruction="Put your final answer in \\boxed{}.")
     samples = cfg.build("train")
     assert samples[1].messages == [{"role": "system", "content": "Be brief."},
                                    {"role": "user", "content": "What is 2 + 2? Put your final answer in \\boxed{}."}]
@@ -140,7 +141,7 @@ def test_file_errors_name_the_file_and_row(tmp_path):
 
 
 BAD_PROMPT_ROWS = [
-    (b'{"problem": ["What is", "1 + 1?"], "answer": 2}', "field 'problem' must be a string, got list"),
+    (b'{"problem": ["What is", "1 + 1?"], "answer": 2}', "'problem' must be a list of {role, content} objects"),
     (b'{"problem": "What is 1 + 1?", "answer": null}', "field 'answer' must be a string or a number, got null"),
     (b'{"problem": "caf\xe9", "answer": 1}', "not valid UTF-8"),
     (b'{"problem": "   ", "answer": 1}', "field 'problem' is empty"),

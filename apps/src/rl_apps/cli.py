@@ -1,4 +1,5 @@
-"""`rl <command> [--config FILE] [--print-config] [key.subkey=value ...]`.
+"""`rl <command> [--config FILE] [--print-config [--comments]] [--dry-run] [key.subkey=value ...]`, and
+`rl list recipes | envs | models`.
 
 The config is loaded and validated before anything else happens: a bad config prints every
 problem to stderr and exits 2 without creating an output directory or a log.
@@ -13,8 +14,9 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from rl_apps import __version__, list_recipes, recipe_path
+from rl_apps import RECIPES_DIR, __version__, list_recipes, recipe_path
 from rl_apps.commands import COMMANDS, CommandSpec
+from rl_apps.listing import keys_of_other_commands
 
 EXIT_USAGE = 2
 """Exit code for a bad command line or config (as argparse uses)."""
@@ -23,6 +25,10 @@ EXIT_USAGE = 2
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rl`` console script. Returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["list"]:
+        from rl_apps.listing import main as list_main
+
+        return list_main(argv[1:])
     try:
         top = _top_parser().parse_args(argv[:1] if argv and not argv[0].startswith("-") else argv)
     except SystemExit as e:  # --help, --version, or an unknown command
@@ -35,15 +41,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
     """Parse ``argv`` for one command, load and validate its config, then run it."""
+    module = importlib.import_module(spec.module)
     try:
-        args = _command_parser(spec).parse_intermixed_args(list(argv))
+        args = _command_parser(spec, module).parse_intermixed_args(list(argv))
     except SystemExit as e:
         return _exit_code(e)
-
-    module = importlib.import_module(spec.module)
+    if args.comments and not args.print_config:
+        print(f"rl {spec.name}: --comments goes with --print-config (rl {spec.name} --print-config --comments)",
+              file=sys.stderr)
+        return EXIT_USAGE
 
     from rl_core.config import ConfigError, dump_config, load_config
     from rl_core.data_files import DataError
+    from rl_eval.errors import EvalError
 
     config_path = _resolve_config_path(args.config, module.DEFAULT_RECIPE)
     if isinstance(config_path, _Missing):
@@ -52,16 +62,26 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
     try:
         cfg = load_config(module.CONFIG_CLASS, config_path, args.overrides)
     except ConfigError as e:
-        print(f"rl {spec.name}: {e}", file=sys.stderr)
+        message = _recipe_of_another_command(spec.name, args.config, config_path) or keys_of_other_commands(spec.name, e)
+        print(f"rl {spec.name}: {message}", file=sys.stderr)
         return EXIT_USAGE
 
     if args.print_config:
         command = shlex.join(["rl", spec.name, *argv])
-        sys.stdout.write(f"# resolved config of: {command}\n{dump_config(cfg)}")
+        if args.comments:
+            from rl_apps.config_comments import commented_yaml
+
+            sys.stdout.write(f"# resolved config of: {command}\n{commented_yaml(cfg)}")
+        else:
+            sys.stdout.write(f"# resolved config of: {command}\n{dump_config(cfg)}")
         return 0
     try:
+        if args.dry_run:
+            from rl_apps.dry_run import dry_run
+
+            return dry_run(spec.name, cfg)
         return int(module.run(cfg) or 0)
-    except (ConfigError, DataError) as e:  # a check that needs more than the schema, or a bad data file
+    except (ConfigError, DataError, EvalError) as e:  # a check that needs more than the schema, or bad data
         print(f"rl {spec.name}: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -75,7 +95,9 @@ def _top_parser() -> argparse.ArgumentParser:
     epilog = "commands:\n" + "\n".join(lines)
     if recipes:
         epilog += "\n\npackaged recipes (use with --config NAME):\n  " + "\n  ".join(recipes)
-    epilog += "\n\nexample:\n  rl grpo --config my.yaml grpo.max_steps=5 policy.optimizer.lr=1e-5"
+    epilog += ("\n\nlist what a config may name:\n  rl list recipes | envs | models"
+               "\n\nexamples:\n  rl grpo --config grpo_smoke_tiny grpo.max_steps=5\n  rl sft --help"
+               "\n  rl sft --dry-run")
     parser = argparse.ArgumentParser(
         prog="rl",
         description="RL post-training of language models. `rl <command> --help` describes a command.",
@@ -87,15 +109,17 @@ def _top_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _command_parser(spec: CommandSpec) -> argparse.ArgumentParser:
+def _command_parser(spec: CommandSpec, module) -> argparse.ArgumentParser:
+    from rl_apps.help import HELP, command_epilog
+
+    if spec.name in HELP:
+        epilog = command_epilog(spec.name, module.CONFIG_CLASS, module.DEFAULT_RECIPE)
+    else:  # a command registered without help text
+        epilog = "Overrides are dotted keys with YAML values, applied after the config file."
     parser = argparse.ArgumentParser(
         prog=f"rl {spec.name}",
-        description=f"{spec.summary}.",
-        epilog=(
-            "Overrides are dotted keys with YAML values, applied after the config file:\n"
-            "  grpo.max_steps=5  policy.optimizer.lr=1e-5  logger.tags=[a,b]  logger.wandb=null\n"
-            "Every config problem is reported at once (exit code 2) before anything is written."
-        ),
+        description=f"rl {spec.name}: {spec.summary}.",
+        epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -104,6 +128,11 @@ def _command_parser(spec: CommandSpec) -> argparse.ArgumentParser:
         help="YAML config (may use `defaults:`); a packaged recipe name also works. Default: the command's default recipe.",
     )
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    parser.add_argument("--comments", action="store_true",
+                        help="with --print-config: each key's documentation as a YAML comment above it")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the model and the data, print one templated sample with its loss mask, write "
+                             "nothing and start no Ray")
     parser.add_argument("overrides", nargs="*", metavar="key.subkey=value", help="config overrides")
     return parser
 
@@ -124,6 +153,21 @@ def _resolve_config_path(given: str | None, default_recipe: str | None) -> str |
         return packaged
     recipes = ", ".join(list_recipes()) or "none"
     return _Missing(f"--config {given}: file not found (nor a packaged recipe; packaged recipes: {recipes})")
+
+
+def _recipe_of_another_command(command: str, given: str | None, config_path: str | None) -> str | None:
+    """When a packaged recipe of another command was given, say so (instead of listing its keys as unknown)."""
+    if given is None or config_path is None or os.path.dirname(os.path.abspath(config_path)) != str(RECIPES_DIR):
+        return None
+    from rl_apps.listing import recipe_commands, recipes_of
+
+    recipe = os.path.basename(config_path)
+    others = recipe_commands(recipe)
+    if not others or command in others:
+        return None
+    mine = ", ".join(recipes_of(command)) or "none"
+    return (f"--config {given}: {recipe} is a recipe of `rl {others[0]}`, not of `rl {command}`; run "
+            f"`rl {others[0]} --config {given}`, or pick a recipe of rl {command}: {mine} (rl list recipes)")
 
 
 def _exit_code(exit_: SystemExit) -> int:

@@ -38,9 +38,9 @@ CONFIG_CLASS = DistillRunConfig
 DEFAULT_RECIPE = recipe_path("distill_tiny.yaml")
 
 
-def run(cfg: DistillRunConfig) -> int:
-    student_path, tokenizer = start_run(cfg)
-    teacher_path, teacher_tokenizer = resolve_with_tokenizer(cfg.teacher.model)
+def checked_vocab_size(cfg: DistillRunConfig, student_path: str, tokenizer, teacher_path: str,
+                       teacher_tokenizer) -> int:
+    """The student's logits width, once the teacher is known to fit it: the same tokenizer, no wider logits."""
     if tokenizer.get_vocab() != teacher_tokenizer.get_vocab():
         raise ConfigError(ConfigProblem("config", "teacher.model",
                                         f"the teacher {cfg.teacher.model!r} and the student {cfg.model!r} use "
@@ -49,6 +49,13 @@ def run(cfg: DistillRunConfig) -> int:
     if logits_width(teacher_path) > vocab_size:
         raise ConfigError(ConfigProblem("config", "teacher.model",
                                         "the teacher's vocabulary is wider than the student's logits"))
+    return vocab_size
+
+
+def run(cfg: DistillRunConfig) -> int:
+    student_path, tokenizer = start_run(cfg)
+    teacher_path, teacher_tokenizer = resolve_with_tokenizer(cfg.teacher.model)
+    vocab_size = checked_vocab_size(cfg, student_path, tokenizer, teacher_path, teacher_tokenizer)
     train, val = load_splits(cfg, lambda path: load_prompt_dataset(path, cfg.data, tokenizer))
     with open_run(cfg) as run:
         student = run.backend(cfg.policy.model_copy(update={"reference_model": False}), student_path)

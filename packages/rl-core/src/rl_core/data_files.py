@@ -1,4 +1,5 @@
-"""Dataset files, row by row: JSONL, JSON (a list of objects) and parquet, each row with its file and number.
+"""Datasets, row by row: JSONL, JSON (a list of objects), parquet files and HF ``datasets`` directories
+(written by ``save_to_disk``), each row with its file and number.
 
 The one reader behind every dataset of the library (SFT / DPO / RM / distillation data, GRPO prompt
 files, evaluation sets). A row that cannot be used (not valid JSON or UTF-8, not an object, or refused by
@@ -17,7 +18,10 @@ from typing import Any, Generic, Literal, TypeVar
 T = TypeVar("T")
 Record = dict[str, Any]
 BadRowPolicy = Literal["error", "skip"]
-FileFormat = Literal["auto", "jsonl", "json", "parquet"]
+FileFormat = Literal["auto", "jsonl", "json", "parquet", "datasets"]
+"""``auto``: a directory is a ``datasets`` directory, a file goes by its extension."""
+DATASETS_INSTALL = 'pip install "rl-core[datasets]"'
+"""What to install to read ``save_to_disk`` directories (the ``datasets`` package)."""
 MAX_REASONS_KEPT = 20
 
 
@@ -76,9 +80,9 @@ class Loaded(Generic[T]):
 
 
 def load_rows(path: str | Path, convert: Callable[[Record], T], *, on_bad_row: BadRowPolicy = "error",
-              file_format: FileFormat = "auto", section: str = "data") -> Loaded[T]:
-    """Read ``path`` and ``convert`` each record (see :func:`convert_rows`)."""
-    return convert_rows(str(path), read_rows(path, file_format), convert, on_bad_row=on_bad_row, section=section)
+              file_format: FileFormat = "auto", section: str = "data", split: str | None = None) -> Loaded[T]:
+    """Read ``path`` (``split``: of a saved DatasetDict) and ``convert`` each record (see :func:`convert_rows`)."""
+    return convert_rows(str(path), read_rows(path, file_format, split), convert, on_bad_row=on_bad_row, section=section)
 
 
 def convert_rows(name: str, rows: Iterable[tuple[RowLocation, Record | BadRow]], convert: Callable[[Record], T], *,
@@ -109,9 +113,12 @@ def convert_rows(name: str, rows: Iterable[tuple[RowLocation, Record | BadRow]],
 
 
 def detect_format(path: str | Path, file_format: FileFormat = "auto") -> str:
-    """``jsonl``, ``json`` or ``parquet`` from the config value or the file extension."""
+    """``jsonl``, ``json``, ``parquet`` or ``datasets`` from the config value, else from the path: a
+    directory is a ``datasets`` directory, a file goes by its extension."""
     if file_format != "auto":
         return file_format
+    if Path(path).is_dir():
+        return "datasets"
     suffix = Path(path).suffix.lower()
     if suffix in (".jsonl", ".ndjson"):
         return "jsonl"
@@ -120,17 +127,25 @@ def detect_format(path: str | Path, file_format: FileFormat = "auto") -> str:
     if suffix in (".parquet", ".pq"):
         return "parquet"
     raise DataError(f"{path}: cannot tell the file format from the extension {suffix!r}; "
-                    "use .jsonl, .json or .parquet, or set the dataset's format to jsonl, json or parquet")
+                    "use .jsonl, .json or .parquet (or a datasets save_to_disk directory), or set the "
+                    "dataset's format to jsonl, json or parquet")
 
 
-def read_rows(path: str | Path, file_format: FileFormat = "auto") -> Iterator[tuple[RowLocation, Record | BadRow]]:
+def read_rows(path: str | Path, file_format: FileFormat = "auto", split: str | None = None,
+              ) -> Iterator[tuple[RowLocation, Record | BadRow]]:
     """Every row of ``path`` with its location; undecodable rows come as :class:`BadRow`.
 
-    A ``.json`` file holds a list of objects, or (as written by many tools) one object per line."""
+    A ``.json`` file holds a list of objects, or (as written by many tools) one object per line. A
+    directory is read with ``datasets.load_from_disk``; ``split`` picks one split of a saved
+    ``DatasetDict`` (its ``<path>/<split>`` directory works as well)."""
     path = Path(path)
+    kind = detect_format(path, file_format) if path.exists() else None
+    if kind == "datasets":
+        yield from _read_saved_dataset(path, split)
+        return
     if not path.is_file():
-        raise DataError(f"{path}: dataset file does not exist")
-    kind = detect_format(path, file_format)
+        raise DataError(f"{path}: dataset file does not exist" if not path.exists() else
+                        f"{path}: a directory, but the dataset's format is {file_format}; set it to auto or datasets")
     if kind == "json" and not _starts_with(path, b"["):
         kind = "jsonl"
     if kind == "jsonl":
@@ -188,13 +203,40 @@ def _read_parquet(path: Path) -> Iterator[tuple[RowLocation, Record | BadRow]]:
     except ImportError:
         raise DataError(f'{path}: reading parquet files needs pyarrow: pip install pyarrow') from None
 
-    table = pq.read_table(path)
-    for row_number, record in enumerate(table.to_pylist(), start=1):
-        location = RowLocation(str(path), row_number, "row")
+    yield from _decoded_rows(str(path), pq.read_table(path).to_pylist())
+
+
+def _decoded_rows(name: str, records: Iterable[Record]) -> Iterator[tuple[RowLocation, Record | BadRow]]:
+    """Columnar rows (parquet, arrow) with their binary values decoded as UTF-8."""
+    for row_number, record in enumerate(records, start=1):
+        location = RowLocation(name, row_number, "row")
         try:
             yield location, {key: _decode_binary(value) for key, value in record.items()}
         except BadRow as bad:
             yield location, bad
+
+
+def _read_saved_dataset(path: Path, split: str | None) -> Iterator[tuple[RowLocation, Record | BadRow]]:
+    """The rows of a ``save_to_disk`` directory (a Dataset, or one split of a DatasetDict)."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{path}: reading a datasets (save_to_disk) directory needs the datasets package: "
+                        f"{DATASETS_INSTALL}") from None
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except FileNotFoundError:
+        raise DataError(f"{path}: a directory, but not one written by datasets' save_to_disk (no dataset_info.json "
+                        "or dataset_dict.json); point the path at a .jsonl, .json or .parquet file or such a "
+                        "directory") from None
+    name = str(path)
+    if isinstance(loaded, datasets.DatasetDict):
+        if split is None or split not in loaded:
+            asked = "no split was named" if split is None else f"it has no split {split!r}"
+            raise DataError(f"{path}: a DatasetDict with the splits {sorted(loaded)} ({asked}); point the path at "
+                            f"one of them, e.g. {path / sorted(loaded)[0]}")
+        loaded, name = loaded[split], str(path / split)
+    yield from _decoded_rows(name, loaded)
 
 
 def _decode_binary(value: Any) -> Any:

@@ -54,33 +54,41 @@ class ToolsDatasetConfig(ArithmeticDatasetConfig):
 class PromptFieldsConfig(StrictModel):
     """How the rows of a prompt file become prompts: which fields hold what, and what to do with a bad row."""
 
-    prompt_field: str = "problem"
-    """Field holding the question text (ignored when ``messages_field`` is set)."""
+    prompt_field: str = "prompt"
+    """Field holding the prompt: a string (one user message) or a list of {role, content} messages, as in
+    TRL's prompt-only datasets. Rows without it may use ``problem`` while this is left at ``prompt``."""
     messages_field: str | None = None
     """Field holding a ready chat (list of {role, content}); overrides ``prompt_field``."""
     answer_field: str | None = "answer"
     """Field copied to ``metadata['answer']`` (None: no answer)."""
     metadata_fields: list[str] = Field(default_factory=list)
     """More fields copied into metadata under their own names."""
-    instruction: str | None = "Put your final answer in \\boxed{}."
-    """Appended to the question text (None: nothing)."""
+    instruction: str | None = None
+    """Appended (after a space) to the text of the last user message, e.g. ``"Put your final answer in
+    \\boxed{}."`` (None: the prompt is used as it is)."""
     system_prompt: str | None = None
     limit: int | None = Field(None, gt=0)
     """Use at most this many rows (the first ones)."""
     format: FileFormat = "auto"
-    """``auto`` picks by file extension (``.jsonl``, ``.json`` or ``.parquet``)."""
+    """``auto``: a directory is a ``datasets`` directory, a file goes by its extension (``.jsonl``, ``.json``,
+    ``.parquet``)."""
     on_bad_row: BadRowPolicy = "error"
     """``error``: stop with a message naming the file and row. ``skip``: drop the row and count it."""
 
 
 class FileDatasetConfig(PromptFieldsConfig, PromptDatasetConfig):
-    """Prompts from JSONL / JSON / parquet files, one file per split. Every row is checked before a run
-    starts: a bad row stops it with the file and row named, or is skipped and counted (``on_bad_row``)."""
+    """Prompts from JSONL / JSON / parquet files or ``datasets`` ``save_to_disk`` directories, one per
+    split. Every row is checked before a run starts: a bad row stops it with the file and row named, or
+    is skipped and counted (``on_bad_row``)."""
 
     kind: Literal["file"] = "file"
     train_path: str | None = None
+    """Training prompts: a ``.jsonl``, ``.json`` or ``.parquet`` file, or a ``save_to_disk`` directory (of a
+    DatasetDict: its ``train`` split, or name one as ``<dir>/<split>``)."""
     validation_path: str | None = None
+    """Held-out prompts for validation, in the same forms (a DatasetDict: its ``validation`` split)."""
     test_path: str | None = None
+    """Test prompts, in the same forms (a DatasetDict: its ``test`` split)."""
     env: str | None = None
     """Environment that grades these prompts (None: the recipe's default)."""
 
@@ -92,8 +100,9 @@ class FileDatasetConfig(PromptFieldsConfig, PromptDatasetConfig):
 
         path = getattr(self, f"{split}_path")
         if not self.has_split(split):
-            raise DataError(f"the dataset has no {split}_path; set data.{split}_path to a .jsonl, .json or .parquet file")
-        loaded = load_prompt_file(path, self, check)
+            raise DataError(f"the dataset has no {split}_path; set data.{split}_path to a .jsonl, .json or .parquet "
+                            "file or a datasets directory")
+        loaded = load_prompt_file(path, self, check, split=split)
         limit = min(n for n in (size, self.limit, len(loaded.items)) if n is not None)
         return Loaded(loaded.items[:limit], loaded.report)
 

@@ -1,5 +1,6 @@
 """Evaluation datasets: the procedural sets of rl-environments, JSONL/JSON/parquet files and HF
-``datasets`` directories saved with ``save_to_disk``; every one becomes a list of PromptSample."""
+``datasets`` directories saved with ``save_to_disk`` (one reader for all: :mod:`rl_core.data_files`);
+every one becomes a list of PromptSample."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from rl_core.config import StrictModel
-from rl_core.data_files import RowLocation, convert_rows
 from rl_core.types import PromptSample
 from rl_environments import ArithmeticDatasetConfig, CountdownDatasetConfig
 from rl_environments.config import PromptFieldsConfig
-from rl_environments.datasets import load_prompt_file, record_to_sample
+from rl_environments.datasets import load_prompt_file
 from rl_eval.errors import EvalError
 
 
@@ -44,50 +44,25 @@ class EvalSource(StrictModel):
 
 
 class FileEvalDataset(PromptFieldsConfig, EvalSource):
-    """A .jsonl, .json (list of objects) or .parquet file."""
+    """A .jsonl, .json (list of objects) or .parquet file, or a ``datasets`` ``save_to_disk`` directory
+    (read by :mod:`rl_core.data_files`, as every dataset of the library)."""
 
     kind: Literal["file"] = "file"
     path: str
+    split: str | None = None
+    """Split of a saved DatasetDict directory (e.g. "test"); ``<path>/<split>`` works as well."""
 
     def samples(self, section: str) -> list[PromptSample]:
-        return load_prompt_file(self.path, self, section=section).items[: self.limit]
+        return load_prompt_file(self.path, self, section=section, split=self.split).items[: self.limit]
 
     def default_name(self) -> str:
         return Path(self.path).stem
 
 
-class HFDiskEvalDataset(PromptFieldsConfig, EvalSource):
-    """A directory written by ``datasets.Dataset.save_to_disk`` (or a DatasetDict's, with ``split``)."""
+class HFDiskEvalDataset(FileEvalDataset):
+    """A ``datasets`` ``save_to_disk`` directory: the same reader as ``kind: file`` (kept for existing configs)."""
 
     kind: Literal["hf_disk"] = "hf_disk"
-    path: str
-    split: str | None = None
-    """Split of a saved DatasetDict (e.g. "test")."""
-
-    def samples(self, section: str) -> list[PromptSample]:
-        name, rows = self._rows()
-        loaded = convert_rows(name, rows, lambda row: record_to_sample(row, self), on_bad_row=self.on_bad_row,
-                              section=section)
-        return loaded.items[: self.limit]
-
-    def default_name(self) -> str:
-        return Path(self.path).name
-
-    def _rows(self) -> tuple[str, list[tuple[RowLocation, dict]]]:
-        """``(name, rows with their locations)`` of the ``save_to_disk`` directory."""
-        try:
-            import datasets
-        except ImportError:
-            raise EvalError('reading a datasets directory needs the datasets package: pip install "rl-eval[datasets]"') from None
-        if not Path(self.path).is_dir():
-            raise EvalError(f"{self.path}: no such directory (expected a datasets save_to_disk directory)")
-        loaded = datasets.load_from_disk(self.path)
-        if isinstance(loaded, datasets.DatasetDict):
-            if self.split is None or self.split not in loaded:
-                raise EvalError(f"{self.path}: holds splits {sorted(loaded)}; set split to one of them")
-            loaded = loaded[self.split]
-        name = f"{self.path}" + (f" [{self.split}]" if self.split else "")
-        return name, [(RowLocation(name, i, "row"), row) for i, row in enumerate(loaded, start=1)]
 
 
 class ProceduralEvalDataset(EvalSource):

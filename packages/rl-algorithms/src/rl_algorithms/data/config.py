@@ -15,11 +15,13 @@ class DataFileConfig(StrictModel):
 
     train_path: str | None = None
     """A ``.jsonl`` (one JSON object per line), ``.json`` (a list of objects) or ``.parquet`` file of
-    training rows (the commands' ``synthetic_data`` section can generate one instead)."""
+    training rows, or a ``datasets`` ``save_to_disk`` directory (of a DatasetDict: its ``train`` split, or
+    name one as ``<dir>/<split>``). The commands' ``synthetic_data`` section can generate one instead."""
     validation_path: str | None = None
-    """Held-out rows in the same layout (None: no validation)."""
+    """Held-out rows in the same forms (a DatasetDict: its ``validation`` split; None: no validation)."""
     format: FileFormat = "auto"
-    """``auto`` picks by file extension (``.jsonl``, ``.json`` or ``.parquet``)."""
+    """``auto``: a directory is a ``datasets`` directory, a file goes by its extension (``.jsonl``, ``.json``,
+    ``.parquet``)."""
     max_length: int = Field(1024, gt=1)
     """Most tokens of one tokenised sample (prompt + response). Longer rows are bad rows."""
     on_bad_row: BadRowPolicy = "error"
@@ -27,16 +29,18 @@ class DataFileConfig(StrictModel):
 
 
 class ChatDataConfig(DataFileConfig):
-    """Supervised rows: a chat (``messages``) or a prompt/response pair, loss on assistant tokens only."""
+    """Supervised rows, TRL's layouts: a chat (``messages``) or a prompt/completion pair, plain or
+    conversational; loss on assistant tokens only."""
 
     row_format: Literal["auto", "messages", "prompt_response"] = "auto"
-    """``auto``: rows holding ``messages_key`` are chats, the others prompt/response pairs."""
+    """``auto``: rows holding ``messages_key`` are chats, the others prompt/completion pairs."""
     messages_key: str = "messages"
     """Field holding a list of ``{"role", "content"}`` messages."""
     prompt_key: str = "prompt"
     """Field holding the prompt: a string (one user message) or a list of messages."""
-    response_key: str = "response"
-    """Field holding the response string (one assistant message)."""
+    response_key: str = "completion"
+    """Field holding the response: a string (one assistant message) or a list of assistant messages.
+    Rows without it may use ``response`` while this is left at ``completion``."""
     system_prompt: str | None = None
     """A system message put first when a row has none."""
     train_on: Literal["all_assistant", "last_assistant"] = "all_assistant"
@@ -46,10 +50,12 @@ class ChatDataConfig(DataFileConfig):
 
 
 class PreferenceDataConfig(DataFileConfig):
-    """Preference pairs: a prompt, a chosen and a rejected response (DPO, reward models)."""
+    """Preference pairs, TRL's layouts: a prompt, a chosen and a rejected response, plain or
+    conversational (DPO, reward models)."""
 
     prompt_key: str = "prompt"
-    """Field holding the prompt: a string (one user message) or a list of messages."""
+    """Field holding the prompt: a string (one user message) or a list of messages. Conversational rows
+    without it (an implicit prompt) use the messages that ``chosen`` and ``rejected`` share."""
     chosen_key: str = "chosen"
     """Field holding the preferred response: a string or a list of assistant message(s)."""
     rejected_key: str = "rejected"

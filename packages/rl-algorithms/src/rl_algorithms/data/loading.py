@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from rl_algorithms.data.config import (
@@ -25,7 +26,19 @@ def load_rows(path: str | None, cfg: DataFileConfig, convert: Callable[[dict[str
     (``cfg.on_bad_row``), see :func:`rl_core.data_files.load_rows`."""
     if path is None:
         raise DataError("no dataset file given: set data.train_path (or use the command's synthetic_data section)")
-    return data_files.load_rows(path, convert, on_bad_row=cfg.on_bad_row, file_format=cfg.format)
+    return data_files.load_rows(path, convert, on_bad_row=cfg.on_bad_row, file_format=cfg.format,
+                                split=_split_of(path, cfg))
+
+
+def _split_of(path: str, cfg: DataFileConfig) -> str | None:
+    """The split a saved DatasetDict at ``path`` gives: that of the path's role (train / validation)."""
+    roles = [split for split, role_path in (("train", cfg.train_path), ("validation", cfg.validation_path))
+             if role_path == path]
+    if len(roles) == 2 and Path(path).is_dir() and (Path(path) / "dataset_dict.json").is_file():
+        raise DataError(f"{path}: data.train_path and data.validation_path name the same DatasetDict directory; "
+                        f"name a split in each: data.train_path={Path(path) / 'train'} "
+                        f"data.validation_path={Path(path) / 'validation'}")
+    return roles[0] if roles else None
 
 
 def load_chat_dataset(path: str, cfg: ChatDataConfig, tokenizer) -> Loaded[TokenizedSample]:

@@ -1,5 +1,9 @@
 """Turn decoded records into samples: chats with the turns that carry loss, or plain prompt/response text.
 
+The layouts are TRL's: ``messages`` chats; ``prompt`` / ``completion`` pairs; ``prompt`` / ``chosen`` /
+``rejected`` preference rows (with an explicit or an implicit prompt); each plain (strings) or
+conversational (lists of ``{role, content}`` messages).
+
 Every check raises :class:`BadRow` with a short reason; the loader adds the file and row.
 """
 
@@ -34,15 +38,21 @@ class PlainSample:
 Sample = ChatSample | PlainSample
 
 
+RESPONSE_ALIASES = {"completion": ("response",)}
+"""Fields read when a row lacks the default response field (``response`` was the default before TRL's name)."""
+
+
 def parse_chat_row(record: dict[str, Any], cfg: ChatDataConfig) -> Sample:
-    """An SFT sample from a ``messages`` row or a prompt/response row."""
+    """An SFT sample from a ``messages`` row or a prompt/completion row (TRL's layouts, plain or
+    conversational)."""
     row_format = cfg.row_format
     if row_format == "auto":
         row_format = "messages" if cfg.messages_key in record else "prompt_response"
     if row_format == "messages":
         if not cfg.use_chat_template:
             raise BadRow("chat rows need the chat template (data.use_chat_template=true)")
-        messages = _add_system(_messages(_field(record, cfg.messages_key), cfg.messages_key), cfg.system_prompt)
+        value = _field(record, cfg.messages_key, "data.messages_key")
+        messages = _add_system(_messages(value, cfg.messages_key), cfg.system_prompt)
         assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         if not assistant:
             raise BadRow(f"field {cfg.messages_key!r} has no assistant message to train on")
@@ -50,57 +60,80 @@ def parse_chat_row(record: dict[str, Any], cfg: ChatDataConfig) -> Sample:
         for i in trainable:
             _require_text(messages[i]["content"], f"{cfg.messages_key}[{i}].content (an assistant response)")
         return ChatSample(messages, trainable)
-    response = _string(_field(record, cfg.response_key), cfg.response_key)
-    _require_text(response, cfg.response_key)
-    return _prompt_response(record, cfg.prompt_key, cfg.response_key, response, cfg.system_prompt,
-                            cfg.use_chat_template)
+    key = _present_key(record, cfg.response_key, RESPONSE_ALIASES)
+    value = _field(record, key, "data.response_key",
+                   "" if cfg.row_format == "prompt_response" else " (for chat rows: data.messages_key)")
+    prompt = _field(record, cfg.prompt_key, "data.prompt_key")
+    return _prompt_and_response(prompt, cfg.prompt_key, value, key, cfg.system_prompt, cfg.use_chat_template)
 
 
 def parse_preference_row(record: dict[str, Any], cfg: PreferenceDataConfig) -> tuple[Sample, Sample]:
-    """``(chosen, rejected)`` samples sharing the row's prompt."""
-    pair = []
-    for key in (cfg.chosen_key, cfg.rejected_key):
-        value = _field(record, key)
-        if isinstance(value, list):  # conversational: assistant message(s) that follow the prompt
-            if not cfg.use_chat_template:
-                raise BadRow(f"field {key!r} holds messages; they need data.use_chat_template=true")
-            prompt = _prompt_messages(_field(record, cfg.prompt_key), cfg.prompt_key, cfg.system_prompt)
-            continuation = _messages(value, key)
-            if not any(m["role"] == "assistant" for m in continuation):
-                raise BadRow(f"field {key!r} has no assistant message")
-            for m in continuation:
-                if m["role"] == "assistant":
-                    _require_text(m["content"], f"{key} (an assistant response)")
-            messages = prompt + continuation
-            trainable = [i for i in range(len(prompt), len(messages)) if messages[i]["role"] == "assistant"]
-            pair.append(ChatSample(messages, trainable))
-        else:
-            response = _string(value, key)
-            _require_text(response, key)
-            pair.append(_prompt_response(record, cfg.prompt_key, key, response, cfg.system_prompt,
-                                         cfg.use_chat_template))
-    return pair[0], pair[1]
+    """``(chosen, rejected)`` samples sharing the row's prompt, which is explicit (``prompt_key``) or, for
+    conversational rows without it, the messages both responses start with."""
+    chosen = _field(record, cfg.chosen_key, "data.chosen_key")
+    rejected = _field(record, cfg.rejected_key, "data.rejected_key")
+    if cfg.prompt_key not in record and isinstance(chosen, list) and isinstance(rejected, list):
+        return _implicit_prompt_pair(chosen, rejected, cfg)
+    prompt = _field(record, cfg.prompt_key, "data.prompt_key")
+    return (_prompt_and_response(prompt, cfg.prompt_key, chosen, cfg.chosen_key, cfg.system_prompt,
+                                 cfg.use_chat_template),
+            _prompt_and_response(prompt, cfg.prompt_key, rejected, cfg.rejected_key, cfg.system_prompt,
+                                 cfg.use_chat_template))
 
 
 def parse_prompt(record: dict[str, Any], key: str, system_prompt: str | None) -> list[Message]:
     """The prompt messages of a row (a string becomes one user message)."""
-    return _prompt_messages(_field(record, key), key, system_prompt)
+    return _prompt_messages(_field(record, key, "data.prompt_key"), key, system_prompt)
 
 
 def parse_text_row(record: dict[str, Any], cfg: TextDataConfig) -> str:
-    text = _string(_field(record, cfg.text_key), cfg.text_key)
+    text = _string(_field(record, cfg.text_key, "data.text_key"), cfg.text_key)
     _require_text(text, cfg.text_key)
     return text
 
 
-def _prompt_response(record: dict[str, Any], prompt_key: str, response_key: str, response: str,
-                     system_prompt: str | None, use_chat_template: bool) -> Sample:
-    prompt_value = _field(record, prompt_key)
+def _prompt_and_response(prompt: Any, prompt_key: str, response: Any, response_key: str,
+                         system_prompt: str | None, use_chat_template: bool) -> Sample:
+    """A prompt (string or messages) and its response: a string (one assistant message) or a list of
+    messages that continue the prompt (loss on their assistant messages)."""
+    if isinstance(response, list):
+        if not use_chat_template:
+            raise BadRow(f"field {response_key!r} holds messages; they need data.use_chat_template=true")
+        return _continued(_prompt_messages(prompt, prompt_key, system_prompt), _messages(response, response_key),
+                          response_key)
+    text = _string(response, response_key)
+    _require_text(text, response_key)
     if not use_chat_template:
-        return PlainSample(_string(prompt_value, prompt_key), response)
-    prompt = _prompt_messages(prompt_value, prompt_key, system_prompt)
-    messages = prompt + [{"role": "assistant", "content": response}]
-    return ChatSample(messages, [len(messages) - 1])
+        return PlainSample(_string(prompt, prompt_key), text)
+    return _continued(_prompt_messages(prompt, prompt_key, system_prompt), [{"role": "assistant", "content": text}],
+                      response_key)
+
+
+def _continued(prompt: list[Message], continuation: list[Message], key: str) -> ChatSample:
+    """``prompt + continuation``, trained on the continuation's assistant messages."""
+    assistant = [i for i, m in enumerate(continuation) if m["role"] == "assistant"]
+    if not assistant:
+        raise BadRow(f"field {key!r} has no assistant message")
+    for i in assistant:
+        _require_text(continuation[i]["content"], f"{key} (an assistant response)")
+    return ChatSample(prompt + continuation, [len(prompt) + i for i in assistant])
+
+
+def _implicit_prompt_pair(chosen: Any, rejected: Any, cfg: PreferenceDataConfig) -> tuple[Sample, Sample]:
+    """TRL's implicit-prompt preference rows: two whole conversations; the prompt is what they share."""
+    if not cfg.use_chat_template:
+        raise BadRow(f"field {cfg.chosen_key!r} holds messages; they need data.use_chat_template=true")
+    chosen_messages, rejected_messages = _messages(chosen, cfg.chosen_key), _messages(rejected, cfg.rejected_key)
+    shared = 0
+    while (shared < min(len(chosen_messages), len(rejected_messages))
+           and chosen_messages[shared] == rejected_messages[shared]):
+        shared += 1
+    if shared == 0:
+        raise BadRow(f"no field {cfg.prompt_key!r}, and {cfg.chosen_key!r} and {cfg.rejected_key!r} start with "
+                     "different messages, so there is no shared prompt; set data.prompt_key to the prompt's field")
+    prompt = _add_system(chosen_messages[:shared], cfg.system_prompt)
+    return (_continued(prompt, chosen_messages[shared:], cfg.chosen_key),
+            _continued(prompt, rejected_messages[shared:], cfg.rejected_key))
 
 
 def _prompt_messages(value: Any, key: str, system_prompt: str | None) -> list[Message]:
@@ -113,16 +146,25 @@ def _prompt_messages(value: Any, key: str, system_prompt: str | None) -> list[Me
     return messages
 
 
+def _present_key(record: dict[str, Any], key: str, aliases: dict[str, tuple[str, ...]]) -> str:
+    """``key``, or an alias of it that the row has instead."""
+    if key in record:
+        return key
+    return next((alias for alias in aliases.get(key, ()) if alias in record), key)
+
+
 def _add_system(messages: list[Message], system_prompt: str | None) -> list[Message]:
     if system_prompt is None or (messages and messages[0]["role"] == "system"):
         return messages
     return [{"role": "system", "content": system_prompt}, *messages]
 
 
-def _field(record: dict[str, Any], key: str) -> Any:
+def _field(record: dict[str, Any], key: str, setting: str, also: str = "") -> Any:
+    """``record[key]``; a missing field names the config key (``setting``) that says where it is."""
     if key not in record or record[key] is None:
         present = ", ".join(repr(k) for k in record) or "none"
-        raise BadRow(f"missing field {key!r} (fields present: {present})")
+        raise BadRow(f"missing field {key!r} (fields present: {present}); set {setting} to the field that "
+                     f"holds it{also}")
     return record[key]
 
 

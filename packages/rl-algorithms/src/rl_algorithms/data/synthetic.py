@@ -41,7 +41,7 @@ def synthetic_rows(kind: SyntheticKind, count: int, seed: int) -> list[dict]:
         a, b = rng.randint(0, 20), rng.randint(0, 20)
         question = f"What is {a} + {b}?"
         if kind == "sft":
-            rows.append({"prompt": question, "response": f"The answer is {a + b}."})
+            rows.append({"prompt": question, "completion": f"The answer is {a + b}."})
         elif kind == "preference":
             filler = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 5)))
             rows.append({"prompt": question, "chosen": f"The answer is {a + b}.",

@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rl_core.config.errors import ConfigError
+from rl_core.config.kinds import drop_switched_kind_keys
 from rl_core.config.loader import load_yaml_with_defaults
 from rl_core.config.overrides import apply_overrides
 from rl_core.config.sources import Source, SourceMap
@@ -34,6 +35,7 @@ def load_config(schema_cls: type[ModelT], path: str | os.PathLike[str] | None, o
     else:
         data, sources = load_yaml_with_defaults(path)
     data, problems = apply_overrides(data, sources, list(overrides))
+    drop_switched_kind_keys(schema_cls, data, sources)  # `data.kind=file` over an arithmetic `data:` section
     config = None
     try:
         config = schema_cls.model_validate(data)

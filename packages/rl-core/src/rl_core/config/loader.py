@@ -89,6 +89,11 @@ def deep_merge(
     When source maps are given, ``base_sources`` is updated in place to describe the result.
     """
     result = dict(base)
+    if base_sources is not None and override_sources is not None:
+        if "kind" in override:
+            base_sources.record_kind_switch(prefix, base, override["kind"])
+        if not prefix:
+            base_sources.kind_switches.update(override_sources.kind_switches)
     for key, value in override.items():
         path = (*prefix, key)
         if isinstance(value, dict) and isinstance(result.get(key), dict):

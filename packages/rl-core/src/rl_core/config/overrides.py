@@ -49,6 +49,8 @@ def apply_overrides(
         source = Source(override=text)
         try:
             path, value = parse_override(text)
+            if path[-1] == "kind":
+                sources.record_kind_switch(path[:-1], _node(data, path[:-1]), value)
             path = _set(data, path, value)
         except ValueError as e:
             key = text.partition("=")[0].strip() if "=" in text else ""
@@ -89,3 +91,15 @@ def _set(data: dict[str, Any], path: KeyPath, value: Any) -> KeyPath:
     else:
         raise ValueError(f"'{dotted(path[:-1])}' has no item '{last}' (it is a list of {len(node)} items)")
     return (*actual, last)
+
+
+def _node(data: Any, path: KeyPath) -> Any:
+    """The value at ``path``, or None when there is none."""
+    for part in path:
+        if isinstance(data, dict):
+            data = data.get(part, data.get(str(part)))
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+            data = data[part]
+        else:
+            return None
+    return data

@@ -47,6 +47,14 @@ class SourceMap:
     def __init__(self, root: Source | None = None):
         self.root = root or Source()
         self._sources: dict[KeyPath, Source] = {}
+        self.kind_switches: dict[KeyPath, dict[KeyPath, Source]] = {}
+        """Sections whose ``kind`` a later layer changed -> the keys they held then, with their sources."""
+
+    def record_kind_switch(self, section: KeyPath, node: dict, new_kind: object) -> None:
+        """Note the keys of ``section`` (``node``) before a later layer sets its ``kind`` to ``new_kind``."""
+        if isinstance(node, dict) and "kind" in node and node["kind"] != new_kind:
+            section = tuple(section)
+            self.kind_switches[section] = {(*section, key): self.lookup((*section, key)) for key in node if key != "kind"}
 
     def set(self, path: KeyPath, source: Source) -> None:
         self._sources[tuple(path)] = source
@@ -59,6 +67,7 @@ class SourceMap:
 
     def update(self, other: SourceMap) -> None:
         self._sources.update(other._sources)
+        self.kind_switches.update(other.kind_switches)
 
     def subtree(self, path: KeyPath) -> dict[KeyPath, Source]:
         n = len(path)

@@ -6,6 +6,7 @@ import difflib
 import types
 import typing
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -49,12 +50,16 @@ class _Located:
     """The schema's field at ``path``, when there is one."""
     missing_item: int | None = None
     """Index of a missing item of a fixed-length list (tuple); ``path`` is then the list's."""
+    union_members: list[type[BaseModel]] = dataclass_field(default_factory=list)
+    """The other members of a tagged union at the section holding the last key (their keys are not wrong,
+    only of another ``kind``)."""
 
 
 def _locate(schema_cls: type[BaseModel], data: Any, loc: tuple, error_type: str) -> _Located:
     node = data
     candidates: list[Any] = [schema_cls]  # the types the schema allows at the current path
     parents: list[type[BaseModel]] = [schema_cls]
+    others: list[type[BaseModel]] = []  # members of a tagged union the current node is not
     field: FieldInfo | None = None
     path: list[str | int] = []
     for i, part in enumerate(loc):
@@ -67,6 +72,8 @@ def _locate(schema_cls: type[BaseModel], data: Any, loc: tuple, error_type: str)
             candidates = _children(candidates, part)
             path.append(part)
             node = node[part]
+            if not last:
+                others = []
         elif last and error_type == "missing" and isinstance(node, list):
             # a tuple with too few items: point at the list itself
             return _Located(tuple(path), parents, field, missing_item=part)
@@ -76,10 +83,19 @@ def _locate(schema_cls: type[BaseModel], data: Any, loc: tuple, error_type: str)
             path.append(part)
             return _Located(tuple(path), parents, field)
         else:
-            # a tag pydantic adds for the member of a union it tried ("int", "SubConfig", ...)
-            narrowed = [c for c in candidates if getattr(c, "__name__", None) == part]
+            # a tag pydantic adds for the member of a union it tried ("int", "SubConfig", ...), or the
+            # value of a tagged union's ``kind`` ("file")
+            narrowed = [c for c in candidates if getattr(c, "__name__", None) == part or part in _kind_values(c)]
+            others = [c for c in candidates if _is_model(c) and c not in narrowed] if narrowed else []
             candidates = narrowed or candidates
-    return _Located(tuple(path), parents, field)
+    return _Located(tuple(path), parents, field, union_members=others)
+
+
+def _kind_values(tp: Any) -> list[Any]:
+    """The values of a config's ``kind`` tag (``["file"]``), none for anything else."""
+    if not _is_model(tp) or "kind" not in tp.model_fields:
+        return []
+    return _literal_values(tp.model_fields["kind"].annotation)
 
 
 def _message(item: dict[str, Any], located: _Located, schema_cls: type[BaseModel]) -> str:
@@ -87,10 +103,15 @@ def _message(item: dict[str, Any], located: _Located, schema_cls: type[BaseModel
     if error_type == "extra_forbidden":
         key = str(located.path[-1]) if located.path else "?"
         siblings = sorted({name for model in located.parent_models for name in model.model_fields})
-        hint = _did_you_mean(key, siblings)
-        elsewhere = [p for p in _key_paths(schema_cls) if p.rsplit(".", 1)[-1] == key]
-        if elsewhere:
-            hint += f" '{key}' is a key of: {', '.join(p.rsplit('.', 1)[0] if '.' in p else '(top level)' for p in elsewhere[:3])}."
+        hint = _did_you_mean(key, [name for name in siblings if name != key])
+        elsewhere = list(dict.fromkeys(p.rsplit(".", 1)[0] if "." in p else "(top level)"
+                                       for p in _key_paths(schema_cls) if p.rsplit(".", 1)[-1] == key))
+        kinds = [k for m in located.union_members if key in m.model_fields for k in _kind_values(m)]
+        if kinds and located.path[:-1]:
+            section = dotted(located.path[:-1])
+            hint += f" '{key}' is a key of {section} with kind {' or '.join(map(str, kinds))}."
+        elif elsewhere:
+            hint += f" '{key}' is a key of: {', '.join(elsewhere[:3])}."
         elif not hint:
             hint = _valid_keys(siblings)
         return f"unknown key '{key}'.{hint}"
