@@ -21,7 +21,7 @@ class GenerationReplica:
     """What each actor holds: one in-process backend built from the config."""
 
     def __init__(self, cfg: dict, model_path: str):
-        from rl_backends_gen.factory import build_local_backend
+        from rl_backends_gen.local import build_local_backend
 
         self.backend = build_local_backend(GenerationConfig.model_validate(cfg), model_path)
 
