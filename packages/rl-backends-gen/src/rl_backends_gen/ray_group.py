@@ -12,28 +12,39 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from rl_backends_gen.config import GenerationConfig
+from rl_backends_gen.weights import chunk_named_tensors
 from rl_core.types import Completion, SamplingParams
-
-DEFAULT_BUCKET_BYTES = 256 * 2**20
 
 
 class GenerationReplica:
     """What each actor holds: one in-process backend built from the config."""
 
     def __init__(self, cfg: dict, model_path: str):
-        from rl_backends_gen.factory import build_local_backend
+        from rl_backends_gen.local import build_local_backend
 
         self.backend = build_local_backend(GenerationConfig.model_validate(cfg), model_path)
 
     def generate(self, prompts, sampling: SamplingParams) -> list[list[Completion]]:
         return self.backend.generate(prompts, sampling)
 
-    def update_weights(self, bucket) -> None:
+    # Refit arrives in buckets. An engine that must see one refit as a whole (vLLM rebuilds a layer
+    # only once all its weights arrived) has begin/load/finish methods; the others load each bucket
+    # as a complete update_weights call.
+
+    def begin_weight_update(self) -> None:
+        if hasattr(self.backend, "begin_weight_update"):
+            self.backend.begin_weight_update()
+
+    def load_weight_bucket(self, bucket) -> None:
         import ray
 
         if isinstance(bucket, ray.ObjectRef):
             bucket = ray.get(bucket)
-        self.backend.update_weights(bucket)
+        getattr(self.backend, "load_weight_bucket", self.backend.update_weights)(bucket)
+
+    def finish_weight_update(self) -> None:
+        if hasattr(self.backend, "finish_weight_update"):
+            self.backend.finish_weight_update()
 
     def sleep(self) -> None:
         self.backend.sleep()
@@ -48,13 +59,12 @@ class GenerationReplica:
 class RayGenerationGroup:
     """A ``GenerationBackend`` that fans out over ``cfg.num_replicas`` Ray actors."""
 
-    def __init__(self, cfg: GenerationConfig, model_path: str, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+    def __init__(self, cfg: GenerationConfig, model_path: str):
         from rl_core.cluster import WorkerGroup
 
         if cfg.num_replicas < 1:
             raise ValueError(f"RayGenerationGroup needs generation.num_replicas >= 1, got {cfg.num_replicas}")
         self.cfg = cfg
-        self.bucket_bytes = bucket_bytes
         self._seed_generator = torch.Generator().manual_seed(cfg.seed) if cfg.seed is not None else None
         self.group = WorkerGroup(
             GenerationReplica, cfg.num_replicas, init_kwargs=dict(cfg=cfg.model_dump(), model_path=model_path),
@@ -78,19 +88,14 @@ class RayGenerationGroup:
         return [completions for part in results for completions in part]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Send the weights to every replica in buckets of about ``bucket_bytes`` (one ``ray.put`` each)."""
+        """One refit session on every replica: buckets of ``cfg.refit_bucket_bytes`` (one ``ray.put``
+        each, cast to the engine dtype), so the driver holds one bucket at a time."""
         import ray
 
-        items = named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
-        bucket, size = [], 0
-        for name, tensor in items:
-            bucket.append((name, tensor.detach().cpu()))
-            size += tensor.numel() * tensor.element_size()
-            if size >= self.bucket_bytes:
-                self.group.run_all("update_weights", ray.put(bucket))
-                bucket, size = [], 0
-        if bucket:
-            self.group.run_all("update_weights", ray.put(bucket))
+        self.group.run_all("begin_weight_update")
+        for bucket in chunk_named_tensors(named_tensors, self.cfg.refit_bucket_bytes, dtype=self.cfg.dtype):
+            self.group.run_all("load_weight_bucket", ray.put(bucket))
+        self.group.run_all("finish_weight_update")
 
     def sleep(self) -> None:
         self.group.run_all("sleep")

