@@ -64,6 +64,10 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
         command = shlex.join(["rl", spec.name, *argv])
         sys.stdout.write(f"# resolved config of: {command}\n{dump_config(cfg)}")
         return 0
+    if args.max_restarts:  # the run goes to child processes, restarted from the last checkpoint
+        from rl_apps.restarts import supervise
+
+        return supervise(spec.name, cfg, argv, args.max_restarts)
     try:
         return int(module.run(cfg) or 0)
     except ConfigError as e:  # a check that needs more than the schema (e.g. a model path that does not exist)
@@ -109,6 +113,8 @@ def _command_parser(spec: CommandSpec) -> argparse.ArgumentParser:
         help="YAML config (may use `defaults:`); a packaged recipe name also works. Default: the command's default recipe.",
     )
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="run in a child process; when it fails, restart it from its last checkpoint, at most N times")
     parser.add_argument("overrides", nargs="*", metavar="key.subkey=value", help="config overrides")
     return parser
 
