@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -54,7 +56,7 @@ def job(tmp_path):
     # Short: Ray's socket paths must stay under 107 characters.
     temp_root = tempfile.mkdtemp(prefix="rlsub-", dir="/tmp")
 
-    def submit(command: list[str], timeout_s: float = 600, **extra_env: str) -> subprocess.CompletedProcess:
+    def submit(command: list[str], timeout_s: float = 600, background: bool = False, **extra_env: str):
         env = {
             **os.environ,
             "PATH": f"{FAKE_SLURM}:{Path(sys.executable).parent}:{os.environ['PATH']}",
@@ -71,8 +73,11 @@ def job(tmp_path):
             "TRANSFORMERS_OFFLINE": "1",
             **extra_env,
         }
-        return subprocess.run(["bash", str(spool / "slurm_script"), *command], cwd=submit_dir, env=env,
-                              capture_output=True, text=True, timeout=timeout_s)
+        argv = ["bash", str(spool / "slurm_script"), *command]
+        if background:
+            return subprocess.Popen(argv, cwd=submit_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+        return subprocess.run(argv, cwd=submit_dir, env=env, capture_output=True, text=True, timeout=timeout_s)
 
     submit.dir = submit_dir
     yield submit
@@ -115,7 +120,27 @@ def test_a_node_that_never_joins_times_out_with_a_message(job):
 
 
 def test_a_failing_command_ends_the_job_with_its_exit_code(job):
-    result = job(["rl", "grpo", "grpo.max_stepz=1"])
+    # GPUs as `--gpus-per-node=a100:2` spells them (Ray takes GPUs it is told of, none needed here).
+    result = job(["rl", "grpo", "grpo.max_stepz=1"], SLURM_GPUS_PER_NODE="a100:2")
     assert result.returncode == 2, result.stdout + result.stderr
+    assert "2 CPUs and 2 GPUs each" in result.stderr
     assert "Did you mean 'max_steps'" in result.stderr
     assert "the command exited with code 2" in result.stderr
+
+
+def test_scancel_stops_the_command_and_every_node(job):
+    job_process = job(["bash", "-c", "touch started && exec sleep 600"], background=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (job.dir / "started").exists():  # the command runs, in the submission directory
+            assert job_process.poll() is None and time.monotonic() < deadline, job_process.stderr.read()
+            time.sleep(0.1)
+        job_process.send_signal(signal.SIGTERM)  # what scancel sends to the batch script
+        code = job_process.wait(timeout=60)
+    finally:
+        if job_process.poll() is None:
+            job_process.kill()
+    output = job_process.stderr.read()
+    assert code == 143, output
+    assert "stopping the command" in output and "stopping Ray on 2 node(s)" in output
+    assert not live_processes_mentioning("sleep 600")
