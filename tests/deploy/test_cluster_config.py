@@ -1,5 +1,6 @@
-"""The placement keys of `cluster`: a CPU/GPU or non-positive amount in `cluster.group_resources` is a
-config error naming the key (CPUs and GPUs per rank belong to each group's own config)."""
+"""The placement keys of `cluster`: an unknown group, a CPU/GPU or a non-positive amount in
+`cluster.group_resources` is a config error naming the key (CPUs and GPUs per rank belong to each
+group's own config)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rl_core.cluster.config import group_placement, use_placement
 @pytest.mark.parametrize(("resources", "message"), [
     ({"policy": {"GPU": 1}}, "policy.GPU: CPUs and GPUs per rank are set by the group's own config"),
     ({"generation": {"rollout": 0}}, "generation.rollout: must be > 0, got 0"),
+    ({"polcy": {"trainer": 1}}, "unknown worker group 'polcy'; the groups are generation, policy, reward_model"),
 ])
 def test_bad_group_resources_are_refused(resources, message):
     with pytest.raises(ValidationError, match=message):

@@ -24,7 +24,7 @@ from rl_apps import recipe_path
 from rl_core.logging import read_jsonl_metrics
 
 NODE_CPUS = 3
-STEPS = 4
+STEPS = 3
 # Wall-clock measurements differ between any two runs; everything else must match exactly.
 NOT_COMPARED = ("train/time/", "train/throughput/", "timestamp")
 # The driver logs where each worker group went (rl_core.cluster.worker_group logs it at INFO).
@@ -216,7 +216,7 @@ def test_max_restarts_resumes_after_a_worker_is_killed(cluster, reference, cache
     argv.insert(argv.index("grpo") + 1, "--max-restarts=1")
     process = start(argv, driver_env(cache_dir), log)
     try:
-        wait_for(out / "checkpoints" / "step_000002" / "trainer_state.json", process, log)
+        wait_for(out / "checkpoints" / "step_000001" / "trainer_state.json", process, log)
         workers = [pid for pid, cmd in descendants(cluster.raylet_pid(cluster.rollout)) if "RankRuntime" in cmd]
         assert workers, "no worker process on the rollout node"
         for pid in workers:
@@ -242,7 +242,7 @@ def test_lost_node_fails_fast_and_the_run_resumes_exactly_on_other_nodes(cluster
     process = start(grpo_argv(cluster, out), env, log)
     lost_node = cluster.rollout.node_id
     try:
-        wait_for(out / "checkpoints" / "step_000002" / "trainer_state.json", process, log)
+        wait_for(out / "checkpoints" / "step_000001" / "trainer_state.json", process, log)
         killed_at = time.monotonic()
         os.kill(cluster.raylet_pid(cluster.rollout), signal.SIGKILL)
         code = process.wait(timeout=120)

@@ -97,7 +97,7 @@ def test_ray_sub_is_shellcheck_clean():
 def test_two_node_job_runs_grpo_from_the_submission_directory(job):
     # A config given relative to the submission directory, outputs written there.
     (job.dir / "my_run.yaml").write_text(f"defaults: {recipe_path('grpo_smoke_tiny.yaml')}\n")
-    result = job(["rl", "grpo", "--config", "my_run.yaml", "output_dir=out", "grpo.max_steps=2", "grpo.val_every=0",
+    result = job(["rl", "grpo", "--config", "my_run.yaml", "output_dir=out", "grpo.max_steps=1", "grpo.val_every=0",
                   "logger.progress_bar=false", "logger.tensorboard=false", "logger.plot=false",
                   "policy.use_ray=true", "policy.num_workers=2", "generation.num_replicas=1",
                   "cluster.address=auto", "cluster.placement_strategy=SPREAD"])
@@ -120,16 +120,16 @@ def test_a_node_that_never_joins_times_out_with_a_message(job):
 
 
 def test_a_failing_command_ends_the_job_with_its_exit_code(job):
-    # GPUs as `--gpus-per-node=a100:2` spells them (Ray takes GPUs it is told of, none needed here).
-    result = job(["rl", "grpo", "grpo.max_stepz=1"], SLURM_GPUS_PER_NODE="a100:2")
+    # One node is enough here; GPUs as `--gpus-per-node=a100:2` spells them (Ray takes GPUs it is told of).
+    result = job(["rl", "grpo", "grpo.max_stepz=1"], SLURM_JOB_NODELIST="node1", SLURM_GPUS_PER_NODE="a100:2")
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "2 CPUs and 2 GPUs each" in result.stderr
+    assert "1 node(s) (node1), 2 CPUs and 2 GPUs each" in result.stderr
     assert "Did you mean 'max_steps'" in result.stderr
     assert "the command exited with code 2" in result.stderr
 
 
 def test_scancel_stops_the_command_and_every_node(job):
-    job_process = job(["bash", "-c", "touch started && exec sleep 600"], background=True)
+    job_process = job(["bash", "-c", "touch started && exec sleep 600"], background=True, SLURM_JOB_NODELIST="node1")
     try:
         deadline = time.monotonic() + 300
         while not (job.dir / "started").exists():  # the command runs, in the submission directory
@@ -142,5 +142,5 @@ def test_scancel_stops_the_command_and_every_node(job):
             job_process.kill()
     output = job_process.stderr.read()
     assert code == 143, output
-    assert "stopping the command" in output and "stopping Ray on 2 node(s)" in output
+    assert "stopping the command" in output and "stopping Ray on 1 node(s)" in output
     assert not live_processes_mentioning("sleep 600")

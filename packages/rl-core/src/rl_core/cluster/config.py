@@ -24,6 +24,8 @@ PASSTHROUGH_ENV_VARS = (
     "NCCL_DEBUG",
     "TORCH_DISTRIBUTED_DEBUG",
 )
+# The worker groups the commands build, by name (the keys of cluster.group_resources).
+WORKER_GROUP_NAMES = ("generation", "policy", "reward_model", "teacher")
 # Set in every worker unless the driver or the config says otherwise.
 DEFAULT_WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 
@@ -70,6 +72,8 @@ class ClusterConfig(StrictModel):
     @classmethod
     def _custom_resources_only(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
         for group, resources in value.items():
+            if group not in WORKER_GROUP_NAMES:
+                raise ValueError(f"unknown worker group {group!r}; the groups are {', '.join(WORKER_GROUP_NAMES)}")
             for name, amount in resources.items():
                 if name in ("CPU", "GPU", "memory"):
                     raise ValueError(f"{group}.{name}: CPUs and GPUs per rank are set by the group's own "

@@ -306,7 +306,8 @@ class WorkerGroup:
         reason, tb, cause = _describe(exc)
         if died and rank < len(self._rank_nodes):
             ip, node_id = self._rank_nodes[rank]
-            reason = reason.replace("the worker process died", f"the worker process on node {ip} (node id {node_id}) died", 1)
+            reason = reason.replace("the worker process died",
+                                    f"the worker process on node {ip} (node id {node_id}) died", 1)
         others = [f"rank {r}: {_describe(e)[0].splitlines()[0]}" for r, e in failures if r != rank]
         if others:
             reason += "\nOther ranks failed too: " + "; ".join(others)
