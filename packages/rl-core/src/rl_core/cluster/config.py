@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from rl_core.config.base import StrictModel
 
@@ -23,6 +24,8 @@ PASSTHROUGH_ENV_VARS = (
     "NCCL_DEBUG",
     "TORCH_DISTRIBUTED_DEBUG",
 )
+# The worker groups the commands build, by name (the keys of cluster.group_resources).
+WORKER_GROUP_NAMES = ("generation", "policy", "reward_model", "teacher")
 # Set in every worker unless the driver or the config says otherwise.
 DEFAULT_WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 
@@ -56,10 +59,49 @@ class ClusterConfig(StrictModel):
     env_vars: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for every worker process."""
 
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """How the ranks of each worker group are placed on the nodes: PACK on as few nodes as possible,
+    SPREAD over as many as possible (the STRICT_ variants fail rather than fall back)."""
+
+    group_resources: dict[str, dict[str, float]] = Field(default_factory=dict)
+    """Custom Ray resources that each rank of a worker group reserves, by group name ("policy",
+    "generation", ...). E.g. ``{policy: {trainer: 1}, generation: {rollout: 1}}`` with nodes started as
+    ``ray start --resources='{"trainer": 8}'`` keeps training and generation on their own nodes."""
+
+    @field_validator("group_resources")
+    @classmethod
+    def _custom_resources_only(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        for group, resources in value.items():
+            if group not in WORKER_GROUP_NAMES:
+                raise ValueError(f"unknown worker group {group!r}; the groups are {', '.join(WORKER_GROUP_NAMES)}")
+            for name, amount in resources.items():
+                if name in ("CPU", "GPU", "memory"):
+                    raise ValueError(f"{group}.{name}: CPUs and GPUs per rank are set by the group's own "
+                                     "config (cpus_per_worker, gpus_per_worker ...); name a custom resource here")
+                if amount <= 0:
+                    raise ValueError(f"{group}.{name}: must be > 0, got {amount:g}")
+        return value
+
 
 def default_num_cpus() -> int:
     """Logical CPUs for a local Ray: generous, since they are reservations, not cores."""
     return max(8, 2 * (os.cpu_count() or 1))
+
+
+# Where worker groups go: the placement of the config last given to init_ray (Ray itself is
+# process-global too, and the backends that build the groups do not see the cluster config).
+_placement = ClusterConfig()
+
+
+def use_placement(cfg: ClusterConfig) -> None:
+    """Make ``cfg``'s placement strategy and group resources the defaults of new worker groups."""
+    global _placement
+    _placement = cfg
+
+
+def group_placement(name: str) -> tuple[str, dict[str, float]]:
+    """``(placement strategy, custom resources per rank)`` of the worker group called ``name``."""
+    return _placement.placement_strategy, dict(_placement.group_resources.get(name, {}))
 
 
 def worker_env(cfg: ClusterConfig | None = None) -> dict[str, str]:
@@ -74,9 +116,12 @@ def worker_env(cfg: ClusterConfig | None = None) -> dict[str, str]:
 
 def init_ray(cfg: ClusterConfig | None = None) -> None:
     """Start or join Ray as ``cfg`` says. Idempotent: does nothing when Ray is already initialised
-    in this process (whoever started it). Never starts the dashboard."""
+    in this process (whoever started it), except that ``cfg``'s placement (strategy, group resources)
+    becomes the default of the worker groups built from now on. Never starts the dashboard."""
     import ray
 
+    if cfg is not None:
+        use_placement(cfg)
     cfg = cfg or ClusterConfig()
     if ray.is_initialized():
         logger.debug("Ray is already initialised; init_ray(%s) does nothing", cfg)

@@ -70,13 +70,18 @@ class WorkerGroup:
             A call over the limit kills the group and raises ``WorkerError``.
         startup_timeout_s: limit for scheduling the placement group and joining torch.distributed.
         pg_timeout_s: torch.distributed timeout for collectives.
+        placement_strategy: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD. None: ``cluster.placement_strategy``
+            of the config given to ``init_ray`` (PACK by default).
+        resources: custom Ray resources each rank's bundle reserves (pins the ranks to nodes that have
+            them). None: ``cluster.group_resources[name]`` of the config given to ``init_ray``.
     """
 
     def __init__(self, worker_cls: type, num_workers: int, *, init_args: tuple = (),
                  init_kwargs: dict[str, Any] | None = None, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
                  env_vars: dict[str, str] | None = None, name: str = "workers", torch_threads: int | None = None,
                  use_ray: bool = True, timeout_s: float | None = None, startup_timeout_s: float = 120.0,
-                 pg_timeout_s: float = 1800.0):
+                 pg_timeout_s: float = 1800.0, placement_strategy: str | None = None,
+                 resources: dict[str, float] | None = None):
         if num_workers < 1:
             raise ValueError(f"WorkerGroup {name!r}: num_workers must be >= 1, got {num_workers}")
         if not use_ray and num_workers != 1:
@@ -90,6 +95,7 @@ class WorkerGroup:
         self._healthy = True
         self._actors: list = []
         self._placement_group = None
+        self._rank_nodes: list[tuple[str, str]] = []  # (IP, Ray node id) of each rank, for errors
         self._local: RankRuntime | None = None
         init_kwargs = dict(init_kwargs or {})
         from rl_core.cluster.config import worker_env
@@ -100,7 +106,7 @@ class WorkerGroup:
             threads = torch_threads if torch_threads is not None else max(1, math.ceil(cpus_per_worker))
             try:
                 self._start_ray(worker_cls, init_args, init_kwargs, cpus_per_worker, gpus_per_worker, env,
-                                threads, startup_timeout_s, pg_timeout_s)
+                                threads, startup_timeout_s, pg_timeout_s, placement_strategy, resources)
             except BaseException:
                 self.shutdown()  # the caller gets no handle: free the actors and the placement group now
                 raise
@@ -110,26 +116,34 @@ class WorkerGroup:
     # ----------------------------------------------------------------------------------------- start
 
     def _start_ray(self, worker_cls, init_args, init_kwargs, cpus, gpus, env, threads, startup_timeout_s,
-                   pg_timeout_s) -> None:
+                   pg_timeout_s, strategy, resources) -> None:
         import ray
         from ray import cloudpickle
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        from rl_core.cluster.config import group_placement
+
         if not ray.is_initialized():  # Ray starts once, from the program's cluster config, never with defaults here
             raise RuntimeError(f"worker group {self.name!r} runs on Ray, but Ray is not started: call "
                                "rl_core.cluster.init_ray(cfg.cluster) first (the `rl` commands do)")
-        bundle = {"CPU": cpus} | ({"GPU": gpus} if gpus else {})
-        self._placement_group = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
+        default_strategy, default_resources = group_placement(self.name)
+        strategy = strategy or default_strategy
+        custom = default_resources if resources is None else dict(resources)
+        bundle = {"CPU": cpus} | ({"GPU": gpus} if gpus else {}) | custom
+        self._placement_group = placement_group([dict(bundle) for _ in range(self.world_size)], strategy=strategy)
         ready, _ = ray.wait([self._placement_group.ready()], timeout=startup_timeout_s)
         if not ready:
             available = ray.available_resources()
+            free = [f"{available.get('CPU', 0):g} CPUs", f"{available.get('GPU', 0):g} GPUs"]
+            free += [f"{available.get(name, 0):g} {name!r}" for name in custom]
             self.shutdown()
             raise WorkerError(
                 self.name, None, "start",
-                f"could not reserve {self.world_size} x {bundle} within {startup_timeout_s:.0f} s; the Ray "
-                f"cluster has {available.get('CPU', 0):g} CPUs and {available.get('GPU', 0):g} GPUs free. "
-                "Give a local Ray more logical CPUs (cluster.num_cpus) or ask for fewer workers/resources.",
+                f"could not reserve {self.world_size} x {bundle} ({strategy}) within {startup_timeout_s:.0f} s; "
+                f"the Ray cluster has {', '.join(free)} free. Give a local Ray more logical CPUs "
+                "(cluster.num_cpus), start nodes with the custom resources (`ray start --resources=...`), "
+                "or ask for fewer workers/resources.",
             )
         actor_cls = ray.remote(RankRuntime)
         self._actors = [
@@ -145,6 +159,9 @@ class WorkerGroup:
             for rank in range(self.world_size)
         ]
         infos = self._wait_all([a.node_info.remote() for a in self._actors], "node_info", startup_timeout_s)
+        self._rank_nodes = [(ip, node_id) for ip, node_id, _ in infos]
+        logger.info("worker group %r: %s", self.name,
+                    ", ".join(f"rank {r} on node {ip} ({node[:8]})" for r, (ip, node) in enumerate(self._rank_nodes)))
         master_addr, _, master_port = infos[0]
         local_ranks, local_sizes = _local_ranks([node_id for _, node_id, _ in infos])
         setup = [
@@ -289,6 +306,10 @@ class WorkerGroup:
             self._mark_broken()
         rank, exc = died[0] if died else failures[0]
         reason, tb, cause = _describe(exc)
+        if died and rank < len(self._rank_nodes):
+            ip, node_id = self._rank_nodes[rank]
+            reason = reason.replace("the worker process died",
+                                    f"the worker process on node {ip} (node id {node_id}) died", 1)
         others = [f"rank {r}: {_describe(e)[0].splitlines()[0]}" for r, e in failures if r != rank]
         if others:
             reason += "\nOther ranks failed too: " + "; ".join(others)
