@@ -9,6 +9,7 @@ Non-tensor entries (optimizer hyper-parameters, Megatron ``_extra_state``) are p
 
 from __future__ import annotations
 
+import enum
 import io
 import os
 import pickle
@@ -28,12 +29,23 @@ _ALLOWED_GLOBALS = {
 }
 
 
+def _enum_member(cls: object, name: str):
+    """``getattr`` as some Pythons (3.11.0-3.11.3) pickle enum members (``getattr(EnumClass, "NAME")``),
+    limited to members of DCP's own enums: a crafted ``getattr(os, "system")`` is refused."""
+    if (isinstance(cls, type) and issubclass(cls, enum.Enum) and cls.__module__.startswith(_ALLOWED_MODULE_PREFIX)
+            and isinstance(name, str) and name in cls.__members__):
+        return cls[name]
+    raise pickle.UnpicklingError(f"getattr({cls!r}, {name!r}) is not allowed in DCP metadata")
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Builds only DCP metadata classes, torch dtypes/sizes/layouts and paths; refuses anything else."""
 
     def find_class(self, module: str, name: str):
         if (module, name) in _ALLOWED_GLOBALS:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
             return getattr(torch, name)
         if module.startswith(_ALLOWED_MODULE_PREFIX) and not name.startswith("__"):
