@@ -43,7 +43,6 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
     module = importlib.import_module(spec.module)
 
     from rl_core.config import ConfigError, dump_config, load_config
-    from rl_core.data_files import DataError
 
     config_path = _resolve_config_path(args.config, module.DEFAULT_RECIPE)
     if isinstance(config_path, _Missing):
@@ -52,17 +51,26 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
     try:
         cfg = load_config(module.CONFIG_CLASS, config_path, args.overrides)
     except ConfigError as e:
-        print(f"rl {spec.name}: {e}", file=sys.stderr)
+        print(f"rl {spec.name}: {_recipe_of_another_command(spec.name, config_path) or e}", file=sys.stderr)
         return EXIT_USAGE
 
     if args.print_config:
         command = shlex.join(["rl", spec.name, *argv])
         sys.stdout.write(f"# resolved config of: {command}\n{dump_config(cfg)}")
         return 0
+    if args.overwrite and not hasattr(cfg, "output_dir"):
+        print(f"rl {spec.name}: --overwrite: this command writes no run directory", file=sys.stderr)
+        return EXIT_USAGE
+    from rl_apps.run_dir import invoked
+
     try:
-        return int(module.run(cfg) or 0)
-    except (ConfigError, DataError) as e:  # a check that needs more than the schema, or a bad data file
-        print(f"rl {spec.name}: {e}", file=sys.stderr)
+        with invoked(shlex.join(["rl", spec.name, *argv]), overwrite=args.overwrite):
+            return int(module.run(cfg) or 0)
+    except Exception as e:
+        bad_input = _bad_input(e)  # a check that needs more than the schema, a bad data file or checkpoint
+        if bad_input is None:
+            raise
+        print(f"rl {spec.name}: {bad_input}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"rl {spec.name}: interrupted", file=sys.stderr)
@@ -104,8 +112,50 @@ def _command_parser(spec: CommandSpec) -> argparse.ArgumentParser:
         help="YAML config (may use `defaults:`); a packaged recipe name also works. Default: the command's default recipe.",
     )
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a previous run in output_dir: remove the files a run writes there (config.yaml, "
+                             "metrics, checkpoints/, hf/, ...), nothing else. Without it such a directory is refused "
+                             "unless checkpointing.resume=true continues that run")
     parser.add_argument("overrides", nargs="*", metavar="key.subkey=value", help="config overrides")
     return parser
+
+
+def _bad_input(error: BaseException) -> BaseException | None:
+    """The user-facing error behind ``error``: a ConfigError, DataError or CheckpointError raised here or
+    in a worker (a Ray worker's error arrives as the ``__cause__`` of a WorkerError); None for a bug."""
+    from rl_checkpoint.errors import CheckpointError
+    from rl_core.config import ConfigError
+    from rl_core.data_files import DataError
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, (ConfigError, DataError, CheckpointError)):
+            return error
+        seen.add(id(error))
+        error = error.__cause__
+    return None
+
+
+def _recipe_of_another_command(name: str, config_path: str | None) -> str | None:
+    """``<file> is a recipe of `rl dpo` ...`` when the config file that failed for ``rl name`` is a valid
+    config of exactly one other command (a pydantic message would not say so)."""
+    from rl_core.config import ConfigError, load_config
+
+    if config_path is None:
+        return None
+    owners = []
+    for other, spec in COMMANDS.items():
+        if other == name:
+            continue
+        try:
+            load_config(importlib.import_module(spec.module).CONFIG_CLASS, config_path, [])
+        except ConfigError:
+            continue
+        owners.append(other)
+    if len(owners) != 1:
+        return None
+    return (f"{config_path} is a recipe of `rl {owners[0]}`, not of `rl {name}`: run "
+            f"`rl {owners[0]} --config {config_path}`, or pass a recipe of `rl {name}`")
 
 
 class _Missing:
