@@ -51,7 +51,7 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
     try:
         cfg = load_config(module.CONFIG_CLASS, config_path, args.overrides)
     except ConfigError as e:
-        print(f"rl {spec.name}: {_recipe_of_another_command(spec.name, config_path) or e}", file=sys.stderr)
+        print(f"rl {spec.name}: {_recipe_of_another_command(spec.name, args.config) or e}", file=sys.stderr)
         return EXIT_USAGE
 
     if args.print_config:
@@ -136,12 +136,13 @@ def _bad_input(error: BaseException) -> BaseException | None:
     return None
 
 
-def _recipe_of_another_command(name: str, config_path: str | None) -> str | None:
-    """``<file> is a recipe of `rl dpo` ...`` when the config file that failed for ``rl name`` is a valid
-    config of exactly one other command (a pydantic message would not say so)."""
+def _recipe_of_another_command(name: str, given: str | None) -> str | None:
+    """``<file> is a recipe of `rl dpo` ...`` when ``--config`` (``given``), which failed for ``rl name``,
+    is a valid config of exactly one other command (a pydantic message would not say so)."""
     from rl_core.config import ConfigError, load_config
 
-    if config_path is None:
+    config_path = _resolve_config_path(given, None)
+    if not isinstance(config_path, str):
         return None
     owners = []
     for other, spec in COMMANDS.items():
@@ -154,8 +155,8 @@ def _recipe_of_another_command(name: str, config_path: str | None) -> str | None
         owners.append(other)
     if len(owners) != 1:
         return None
-    return (f"{config_path} is a recipe of `rl {owners[0]}`, not of `rl {name}`: run "
-            f"`rl {owners[0]} --config {config_path}`, or pass a recipe of `rl {name}`")
+    return (f"{given} is a recipe of `rl {owners[0]}`, not of `rl {name}`: run "
+            f"`rl {owners[0]} --config {given}`, or pass a recipe of `rl {name}`")
 
 
 class _Missing:

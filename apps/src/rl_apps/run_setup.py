@@ -54,9 +54,12 @@ T = TypeVar("T")
 
 
 def start_run(cfg: RunConfig) -> tuple[str, Any]:
-    """Seed everything; ``(local HF directory, tokenizer)`` of ``cfg.model``."""
+    """Seed everything; ``(local HF directory, tokenizer)`` of ``cfg.model``, whose layers
+    ``policy.lora.target_modules`` must name."""
     set_seed(cfg.seed)
-    return resolve_with_tokenizer(cfg.model)
+    model_path, tokenizer = resolve_with_tokenizer(cfg.model)
+    check_lora_targets(cfg.policy, model_path)
+    return model_path, tokenizer
 
 
 def resolve_with_tokenizer(model: str) -> tuple[str, Any]:
@@ -66,6 +69,25 @@ def resolve_with_tokenizer(model: str) -> tuple[str, Any]:
 
     model_path = resolve_model(model, checkpoint_to_hf=hf_model_dir)
     return model_path, AutoTokenizer.from_pretrained(model_path)
+
+
+def check_lora_targets(backend: TrainBackendConfig, model_path: str) -> None:
+    """``lora.target_modules`` against an empty (meta-device) copy of the model: a name matching no layer
+    is a ConfigError before anything is written, not in a worker once the run has started. (The DTensor
+    backend's ``apply_lora`` raises it; Megatron checks its names in its own config check.)"""
+    if backend.lora is None or backend.backend != "dtensor":
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from rl_backends_train.lora import apply_lora
+
+    if backend.task == "reward_model":
+        model_class, config = AutoModelForSequenceClassification, AutoConfig.from_pretrained(model_path, num_labels=1)
+    else:
+        model_class, config = AutoModelForCausalLM, AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        apply_lora(model_class.from_config(config), backend.lora)
 
 
 def check_fits_context(model_path: str, lengths: dict[str, int | None]) -> None:
