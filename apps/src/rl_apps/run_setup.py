@@ -54,8 +54,10 @@ T = TypeVar("T")
 
 
 def start_run(cfg: RunConfig) -> tuple[str, Any]:
-    """Seed everything; ``(local HF directory, tokenizer)`` of ``cfg.model``, whose layers
+    """Check the output directory (as open_run will, so a refusal comes before the model loads; nothing
+    is written); seed everything; ``(local HF directory, tokenizer)`` of ``cfg.model``, whose layers
     ``policy.lora.target_modules`` must name."""
+    _claim(cfg, Path(cfg.output_dir).absolute(), current_invocation())
     set_seed(cfg.seed)
     model_path, tokenizer = resolve_with_tokenizer(cfg.model)
     check_lora_targets(cfg.policy, model_path)
