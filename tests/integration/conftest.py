@@ -11,7 +11,7 @@ import pytest
 from rl_apps.cli import main
 
 QUIET = ("logger.tensorboard=false", "logger.plot=false")
-"""What every CLI-level run leaves out (the progress display prints plain lines: stdout is not a TTY)."""
+"""What every CLI-level training run leaves out (the progress display prints plain lines: stdout is not a TTY)."""
 NOT_COMPARED = ("timestamp", "/time/", "throughput")
 """Wall-clock measurements differ between any two runs; everything else in metrics.jsonl must match."""
 
@@ -33,7 +33,7 @@ def rl(capsys):
 
     def run(*argv: str) -> Result:
         capsys.readouterr()
-        code = main([*argv, *QUIET])
+        code = main([*argv, *(QUIET if argv[0] != "eval" else ())])
         captured = capsys.readouterr()
         return Result(code, captured.out, captured.err)
 
