@@ -101,7 +101,7 @@ def docs_commands(page: str, prefix: str) -> list[str]:
 
 
 def test_docs_eval_examples_run_on_the_real_layout(tiny_grpo_run, rl, monkeypatch):
-    lines = docs_commands("eval.md", "rl eval model=")
+    lines = docs_commands("eval.md", "rl eval model=") + docs_commands("checkpoint.md", "rl eval model=")
     assert {"runs/grpo", "runs/grpo/checkpoints/step_000005", "runs/grpo/hf"} <= {
         shlex.split(line)[2].removeprefix("model=") for line in lines}
     monkeypatch.chdir(tiny_grpo_run)
