@@ -71,6 +71,12 @@ def test_overwrite_never_removes_the_model_the_run_reads(rl, tree, tmp_path):
     assert tree(out) == before
 
 
+def test_overwrite_is_refused_where_there_is_no_run_directory(rl):
+    result = rl("eval", "--config", "eval_tiny", "--overwrite")
+    assert result.code == 2
+    assert result.error_lines("eval") == ["rl eval: --overwrite: this command writes no run directory"]
+
+
 def interrupt_at_save(monkeypatch, step: int) -> None:
     """Ctrl-C while checkpoint ``step`` is being saved: its metrics are logged, the checkpoint is not."""
     save = CheckpointManager.save
@@ -98,6 +104,20 @@ def test_resumed_run_logs_what_an_uninterrupted_run_logs(command, rl, metrics_li
     resumed = rl(*args, f"output_dir={killed}", "checkpointing.resume=true")
     assert resumed.code == 0, resumed.err
     assert f"resumed from {killed / 'checkpoints' / 'step_000002'} at step 2" in resumed.out.splitlines()
+    assert metrics_lines(killed) == metrics_lines(straight)
+
+
+def test_resume_before_the_first_checkpoint_starts_over(rl, metrics_lines, monkeypatch, tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert sft(rl, straight, 2).code == 0
+    with monkeypatch.context() as patch:
+        interrupt_at_save(patch, 1)
+        assert sft(rl, killed, 2).code == 130
+    assert [line["step"] for line in metrics_lines(killed)] == [0, 1, 1]
+
+    resumed = sft(rl, killed, 2, "checkpointing.resume=true")
+    assert resumed.code == 0, resumed.err
+    assert "resumed from" not in resumed.out
     assert metrics_lines(killed) == metrics_lines(straight)
 
 

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,7 @@ class RunIdentity:
 
     @classmethod
     def new(cls, command: str) -> RunIdentity:
-        return cls(uuid.uuid4().hex, datetime.now(timezone.utc).isoformat(timespec="seconds"), command)
+        return cls(uuid.uuid4().hex, datetime.now(UTC).isoformat(timespec="seconds"), command)
 
 
 def check_output_dir(out: Path) -> None:
@@ -116,6 +116,8 @@ def refuse_previous_run(out: Path, found: list[Path]) -> None:
 
 def check_inputs_survive(cfg_values: dict[str, Any], out: Path, removed: list[Path]) -> None:
     """ConfigError when a path the config reads (a model, a data file) would be removed by --overwrite."""
+    if not removed:
+        return
     for key, value in _string_leaves(cfg_values):
         if key in ("output_dir", "checkpointing.dir") or not value or not Path(value).exists():
             continue
