@@ -1,4 +1,4 @@
-"""Kill -9 a `rl grpo` run after its first checkpoint, resume it, and get the uninterrupted run's metrics."""
+"""Kill -9 a `rl grpo` run after its first checkpoint, resume it, and get the uninterrupted run's metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ from rl_apps import recipe_path
 from rl_core.logging import read_jsonl_metrics
 
 STEPS = 4
-# Wall-clock and memory measurements differ between any two runs; everything else must match exactly.
-NOT_COMPARED = ("train/time/", "train/throughput/", "train/memory/", "timestamp")
 
 
 def command(out: Path, *extra: str) -> list[str]:
@@ -25,16 +23,12 @@ def command(out: Path, *extra: str) -> list[str]:
             "logger.progress_bar=false", "logger.tensorboard=false", "logger.plot=false", *extra]
 
 
-def last_step_metrics(out: Path) -> dict:
-    merged: dict = {}
-    for record in read_jsonl_metrics(out / "metrics.jsonl"):
-        if record["step"] == STEPS:
-            merged.update(record)
-    return {k: v for k, v in merged.items() if not k.startswith(NOT_COMPARED)}
+def last_step(out: Path) -> int:
+    return max((record["step"] for record in read_jsonl_metrics(out / "metrics.jsonl")), default=0)
 
 
 @pytest.mark.slow
-def test_kill_and_resume_ends_with_the_same_metrics(tmp_path):
+def test_kill_and_resume_ends_with_the_same_metrics(tmp_path, metrics_lines):
     env = {**os.environ, "RL_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     subprocess.run(command(straight), env=env, check=True, timeout=600, capture_output=True)
@@ -49,9 +43,11 @@ def test_kill_and_resume_ends_with_the_same_metrics(tmp_path):
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=60)
-    assert not last_step_metrics(killed), "the run finished before it was killed"
+    assert last_step(killed) < STEPS, "the run finished before it was killed"
 
-    subprocess.run(command(killed, "checkpointing.resume=true"), env=env, check=True, timeout=600, capture_output=True)
-    expected, resumed = last_step_metrics(straight), last_step_metrics(killed)
-    assert "train/loss" in expected and "val/accuracy" in expected
-    assert resumed == expected
+    resumed = subprocess.run(command(killed, "checkpointing.resume=true"), env=env, check=True, timeout=600,
+                             capture_output=True, text=True)
+    assert f"resumed from {killed / 'checkpoints'}" in resumed.stdout
+    expected = metrics_lines(straight)
+    assert any("train/loss" in line for line in expected) and any("val/accuracy" in line for line in expected)
+    assert metrics_lines(killed) == expected

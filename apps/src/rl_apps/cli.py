@@ -52,8 +52,6 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
         return EXIT_USAGE
 
     from rl_core.config import ConfigError, dump_config, load_config
-    from rl_core.data_files import DataError
-    from rl_eval.errors import EvalError
 
     config_path = _resolve_config_path(args.config, module.DEFAULT_RECIPE)
     if isinstance(config_path, _Missing):
@@ -62,7 +60,8 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
     try:
         cfg = load_config(module.CONFIG_CLASS, config_path, args.overrides)
     except ConfigError as e:
-        message = _recipe_of_another_command(spec.name, args.config, config_path) or keys_of_other_commands(spec.name, e)
+        message = (_recipe_of_another_command(spec.name, args.config, config_path)
+                   or _config_of_another_command(spec.name, args.config) or keys_of_other_commands(spec.name, e))
         print(f"rl {spec.name}: {message}", file=sys.stderr)
         return EXIT_USAGE
 
@@ -75,18 +74,27 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
         else:
             sys.stdout.write(f"# resolved config of: {command}\n{dump_config(cfg)}")
         return 0
+    if args.overwrite and not hasattr(cfg, "output_dir"):
+        print(f"rl {spec.name}: --overwrite: this command writes no run directory", file=sys.stderr)
+        return EXIT_USAGE
     if args.max_restarts:  # the run goes to child processes, restarted from the last checkpoint
         from rl_apps.restarts import supervise
 
         return supervise(spec.name, cfg, argv, args.max_restarts)
+    from rl_apps.run_dir import invoked
+
     try:
         if args.dry_run:
             from rl_apps.dry_run import dry_run
 
             return dry_run(spec.name, cfg)
-        return int(module.run(cfg) or 0)
-    except (ConfigError, DataError, EvalError) as e:  # a check that needs more than the schema, or bad data
-        print(f"rl {spec.name}: {e}", file=sys.stderr)
+        with invoked(shlex.join(["rl", spec.name, *argv]), overwrite=args.overwrite):
+            return int(module.run(cfg) or 0)
+    except Exception as e:
+        bad_input = _bad_input(e)  # a check that needs more than the schema, a bad data file or checkpoint
+        if bad_input is None:
+            raise
+        print(f"rl {spec.name}: {bad_input}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"rl {spec.name}: interrupted", file=sys.stderr)
@@ -139,8 +147,52 @@ def _command_parser(spec: CommandSpec, module) -> argparse.ArgumentParser:
                              "nothing and start no Ray")
     parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
                         help="run in a child process; when it fails, restart it from its last checkpoint, at most N times")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a previous run in output_dir: remove the files a run writes there (config.yaml, "
+                             "metrics, checkpoints/, hf/, ...), nothing else. Without it such a directory is refused "
+                             "unless checkpointing.resume=true continues that run")
     parser.add_argument("overrides", nargs="*", metavar="key.subkey=value", help="config overrides")
     return parser
+
+
+def _bad_input(error: BaseException) -> BaseException | None:
+    """The user-facing error behind ``error``: a ConfigError, DataError, EvalError or CheckpointError raised here or
+    in a worker (a Ray worker's error arrives as the ``__cause__`` of a WorkerError); None for a bug."""
+    from rl_checkpoint.errors import CheckpointError
+    from rl_core.config import ConfigError
+    from rl_core.data_files import DataError
+    from rl_eval.errors import EvalError
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, (ConfigError, DataError, EvalError, CheckpointError)):
+            return error
+        seen.add(id(error))
+        error = error.__cause__
+    return None
+
+
+def _config_of_another_command(name: str, given: str | None) -> str | None:
+    """``<file> is a recipe of `rl dpo` ...`` when ``--config`` (``given``), which failed for ``rl name``,
+    is a valid config of exactly one other command (a pydantic message would not say so)."""
+    from rl_core.config import ConfigError, load_config
+
+    config_path = _resolve_config_path(given, None)
+    if not isinstance(config_path, str):
+        return None
+    owners = []
+    for other, spec in COMMANDS.items():
+        if other == name:
+            continue
+        try:
+            load_config(importlib.import_module(spec.module).CONFIG_CLASS, config_path, [])
+        except ConfigError:
+            continue
+        owners.append(other)
+    if len(owners) != 1:
+        return None
+    return (f"{given} is a recipe of `rl {owners[0]}`, not of `rl {name}`: run "
+            f"`rl {owners[0]} --config {given}`, or pass a recipe of `rl {name}`")
 
 
 class _Missing:

@@ -17,7 +17,7 @@ from rl_algorithms.data import SyntheticDataConfig, write_synthetic_dataset
 from rl_algorithms.loop import LoopConfig
 from rl_backends_train import TrainBackendConfig
 from rl_core.cluster import ClusterConfig
-from rl_core.config import StrictModel
+from rl_core.config import Seed, StrictModel
 from rl_core.logging import LoggerConfig
 
 
@@ -32,8 +32,8 @@ class RunConfig(StrictModel):
     """A model name (``smollm2-135m-instruct``, ``tiny-llama``, ``tiny-qwen2``) or a local HF directory."""
     output_dir: str = "runs/run"
     """Metrics, the resolved ``config.yaml``, checkpoints (``checkpoints/``) and the final HF model (``hf/``)."""
-    seed: int = 0
-    """Seeds the driver, the workers, the data order and every generation call."""
+    seed: Seed = 0
+    """Seeds the driver, the workers, the data order and every generation call (0 to 2**32 - 1)."""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Ray, started once from this section when any part of the run uses it."""
     policy: TrainBackendConfig = Field(default_factory=TrainBackendConfig)
@@ -55,6 +55,11 @@ class RunConfig(StrictModel):
     def write_run_data(self, folder: Path) -> None:
         """Write the data the run generates itself into ``folder`` (``<output_dir>/data``); none by default."""
 
+    def run_data_files(self) -> list[str]:
+        """The files ``write_run_data`` may write, relative to the output directory (a previous run's are
+        what ``--overwrite`` removes there)."""
+        return []
+
 
 class SupervisedRunConfig(RunConfig):
     """A run over a fixed dataset (SFT, DPO, RM, distillation): its files, or a synthetic set."""
@@ -68,6 +73,10 @@ class SupervisedRunConfig(RunConfig):
     def write_run_data(self, folder: Path) -> None:
         if self.synthetic_data is not None:
             write_synthetic_dataset(self.SYNTHETIC_KIND, self.synthetic_data, folder)
+
+    def run_data_files(self) -> list[str]:
+        # The names write_synthetic_dataset gives its files.
+        return [f"data/{self.SYNTHETIC_KIND}_{split}.jsonl" for split in ("train", "val")]
 
 
 class TeacherConfig(StrictModel):

@@ -1,19 +1,20 @@
 """The one setup path of every training command (grpo, sft, dpo, rm, distill, xtoken-distill)::
 
-    start_run(cfg)      seed; the model and its tokenizer                       (nothing written)
-    <the command reads and checks its data: a bad file is a DataError, exit 2>  (nothing written)
-    open_run(cfg)       the run directory: config.yaml (atomically), synthetic data, Ray from
-                        ``cluster:`` when the run uses it, the metrics logger, the checkpointer
+    start_run(cfg)      seed; the model and its tokenizer (a name, an HF directory, or a run, checkpoint
+                        step or policy/ directory)                               (nothing written)
+    <the command checks lengths against the model's context (check_fits_context) and reads its data:
+     a bad file is a DataError, exit 2>                                          (nothing written)
+    open_run(cfg)       checks the output directory (a previous run there is refused unless resuming or
+                        --overwrite: rl_apps.run_dir) and the cluster; then run.json, config.yaml
+                        (atomically), synthetic data, the metrics logger, the checkpointer (with the run id)
     run.backend(...)    training / generation backends, shut down when the run closes
-    run.finish(policy)  the final HF export
+    run.finish(policy)  the final HF export (and the best checkpoint's), "model saved to ..." on stdout
 
-Everything a run does to its directory happens in :func:`open_run`: checks on the directory (an
-existing run, its identity) belong there.
+Everything a run does to its directory happens in :func:`open_run`, after every check.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -25,9 +26,24 @@ from typing import Any, TypeVar
 from rl_algorithms.checkpointing import CheckpointManager
 from rl_algorithms.data import DataFileConfig, write_synthetic_dataset
 from rl_apps.run_config import RunConfig, SupervisedRunConfig
+from rl_apps.run_dir import (
+    Invocation,
+    RunIdentity,
+    check_inputs_survive,
+    check_output_dir,
+    current_invocation,
+    previous_run,
+    read_identity,
+    refuse_previous_run,
+    remove,
+    write_atomically,
+    write_identity,
+)
 from rl_backends_gen import GenerationConfig, build_generation_backend
 from rl_backends_train import TrainBackendConfig, build_training_backend
-from rl_core.cluster import init_ray
+from rl_checkpoint import hf_model_dir
+from rl_checkpoint.layout import POLICY_DIR
+from rl_core.cluster import ClusterConfig, init_ray
 from rl_core.config import ConfigError, ConfigProblem, dump_config
 from rl_core.data_files import Loaded
 from rl_core.logging import MetricsLogger
@@ -38,17 +54,59 @@ T = TypeVar("T")
 
 
 def start_run(cfg: RunConfig) -> tuple[str, Any]:
-    """Seed everything; ``(local HF directory, tokenizer)`` of ``cfg.model``."""
+    """Check the output directory (as open_run will, so a refusal comes before the model loads; nothing
+    is written); seed everything; ``(local HF directory, tokenizer)`` of ``cfg.model``, whose layers
+    ``policy.lora.target_modules`` must name."""
+    _claim(cfg, Path(cfg.output_dir).absolute(), current_invocation())
     set_seed(cfg.seed)
-    return resolve_with_tokenizer(cfg.model)
+    model_path, tokenizer = resolve_with_tokenizer(cfg.model)
+    check_lora_targets(cfg.policy, model_path)
+    return model_path, tokenizer
 
 
 def resolve_with_tokenizer(model: str) -> tuple[str, Any]:
-    """``(local HF directory, its tokenizer)``."""
+    """``(local HF directory, its tokenizer)`` of a model name, an HF directory, or a training run,
+    checkpoint step or ``policy/`` directory (converted once, next to the checkpoint)."""
     from transformers import AutoTokenizer
 
-    model_path = resolve_model(model)
+    model_path = resolve_model(model, checkpoint_to_hf=hf_model_dir)
     return model_path, AutoTokenizer.from_pretrained(model_path)
+
+
+def check_lora_targets(backend: TrainBackendConfig, model_path: str) -> None:
+    """``lora.target_modules`` against an empty (meta-device) copy of the model: a name matching no layer
+    is a ConfigError before anything is written, not in a worker once the run has started. (The DTensor
+    backend's ``apply_lora`` raises it; Megatron checks its names in its own config check.)"""
+    if backend.lora is None or backend.backend != "dtensor":
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from rl_backends_train.lora import apply_lora
+
+    if backend.task == "reward_model":
+        model_class, config = AutoModelForSequenceClassification, AutoConfig.from_pretrained(model_path, num_labels=1)
+    else:
+        model_class, config = AutoModelForCausalLM, AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        apply_lora(model_class.from_config(config), backend.lora)
+
+
+def check_fits_context(model_path: str, lengths: dict[str, int | None]) -> None:
+    """ConfigError naming each key of ``lengths`` (dotted key -> tokens; None: unset) beyond the model's
+    context (``max_position_embeddings``): such sequences run on positions the model never learned, or
+    crash in the middle of the run."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path).get_text_config()
+    context = getattr(config, "max_position_embeddings", None)
+    if not context:
+        return
+    problems = [ConfigProblem("config", key, f"{value} tokens, beyond the model's context of {context} "
+                              f"(max_position_embeddings in {model_path}/config.json); lower it")
+                for key, value in lengths.items() if value is not None and value > context]
+    if problems:
+        raise ConfigError(problems)
 
 
 def load_splits(cfg: SupervisedRunConfig, load: Callable[[str], Loaded[T]]) -> tuple[Loaded[T], Loaded[T] | None]:
@@ -112,31 +170,93 @@ class Run:
         return thing
 
     def finish(self, policy) -> None:
-        """The final model as an HF directory (``<out>/hf``) and, under LoRA, the adapter (``<out>/adapter``)."""
+        """The final model as an HF directory, ``<out>/hf`` (under LoRA merged, plus the adapter alone in PEFT
+        format in ``<out>/adapter``), and with ``checkpointing.keep_best`` the best checkpoint's as
+        ``<out>/hf_best``. Says where on stdout; without ``export_hf`` the model is the last checkpoint."""
         if not self.cfg.export_hf:
+            latest = self.checkpointer.latest() if self.checkpointer is not None else None
+            if latest is None:
+                print("no model saved (export_hf=false and no checkpoint)")
+            else:
+                print(f"model saved to {latest / POLICY_DIR} (a training checkpoint: `rl-checkpoint dcp-to-hf` "
+                      "converts it, and model= takes it as it is)")
             return
         policy.export_hf(str(self.out / "hf"))
         if self.cfg.policy.lora is not None and hasattr(policy, "save_adapter"):
             policy.save_adapter(str(self.out / "adapter"))
+            print(f"LoRA adapter saved to {self.out / 'adapter'}")
         print(f"model saved to {self.out / 'hf'}")
+        self._export_best(policy)
+
+    def _export_best(self, policy) -> None:
+        best = self.checkpointer.best() if self.checkpointer is not None else None
+        if best is None:
+            return
+        path, value = best
+        self.checkpointer.load(path, policy)  # the run is over: the policy may hold the best weights now
+        policy.export_hf(str(self.out / "hf_best"))
+        print(f"best model ({path.name}, {self.cfg.checkpointing.best_metric}={value:.4g}) saved to "
+              f"{self.out / 'hf_best'}")
 
 
 @contextmanager
 def open_run(cfg: RunConfig) -> Iterator[Run]:
-    """Create the run directory of ``cfg`` and what lives in it for the run (see the module docstring)."""
+    """Check and claim the run directory of ``cfg``, then create what lives in it for the run (see the
+    module docstring). Every check (a previous run, another run's checkpoints, an unwritable directory,
+    a cluster that cannot be joined) comes before anything is written or removed."""
     out = Path(cfg.output_dir).absolute()
-    out.mkdir(parents=True, exist_ok=True)
+    identity, is_new, checkpointer, stale = _claim(cfg, out, current_invocation())
+    if cfg.uses_ray():
+        start_ray(cfg.cluster)
+    remove(stale)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(ConfigProblem("config", "output_dir", f"cannot create {out} ({e.strerror or e}); "
+                                        "choose another output_dir")) from None
+    if is_new:
+        write_identity(out, identity)
     write_atomically(out / "config.yaml", dump_config(cfg))
     cfg.write_run_data(out / "data")
-    if cfg.uses_ray():
-        init_ray(cfg.cluster)
-    checkpointer = None
-    if cfg.checkpointing.enabled:
-        checkpointer = CheckpointManager(cfg.checkpointing, cfg.checkpointing.dir or out / "checkpoints")
     with ExitStack() as stack:
         logger = MetricsLogger(cfg.logger, out, total_steps=cfg.loop.max_steps, hparams=cfg.model_dump(mode="json"))
         stack.callback(_close_logger, logger)
         yield Run(cfg, out, logger, checkpointer, stack)
+
+
+def _claim(cfg: RunConfig, out: Path,
+           invocation: Invocation) -> tuple[RunIdentity, bool, CheckpointManager | None, list[Path]]:
+    """``(run identity, whether it is new, checkpointer, a previous run's files to remove)``; raises
+    ConfigError / CheckpointError when the run may not use ``out``. Writes nothing."""
+    check_output_dir(out)
+    checkpoint_dir = Path(cfg.checkpointing.dir).absolute() if cfg.checkpointing.dir else out / "checkpoints"
+    resume = cfg.checkpointing.resume
+    if resume and invocation.overwrite:
+        raise ConfigError(ConfigProblem("command line", "checkpointing.resume", "--overwrite removes the run "
+                                        "that checkpointing.resume=true would continue; pass only one of them"))
+    found = previous_run(out, checkpoint_dir, cfg.run_data_files())
+    if found and not resume and not invocation.overwrite:
+        refuse_previous_run(out, found)
+    stale = found if invocation.overwrite else []
+    check_inputs_survive(cfg.model_dump(mode="json"), out, stale)
+    identity = read_identity(out) if resume else None
+    is_new = identity is None
+    identity = identity or RunIdentity.new(invocation.command)
+    checkpointer = None
+    if cfg.checkpointing.enabled:
+        checkpointer = CheckpointManager(cfg.checkpointing, checkpoint_dir, run_id=identity.run_id)
+        if resume:
+            checkpointer.check_resume()
+    return identity, is_new, checkpointer, stale
+
+
+def start_ray(cluster: ClusterConfig) -> None:
+    """Ray from the run's ``cluster:`` section; a cluster that cannot be joined is a config error."""
+    try:
+        init_ray(cluster)
+    except ConnectionError as e:
+        message = " ".join(str(e).split())  # one line
+        raise ConfigError(ConfigProblem("config", "cluster.address", message)) from None
 
 
 def _close_logger(logger: MetricsLogger) -> None:
@@ -144,12 +264,6 @@ def _close_logger(logger: MetricsLogger) -> None:
     if plot is not None:
         print(f"metrics plot: {plot}")
     print(f"metrics: {logger.jsonl_path}")
-
-
-def write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def logits_width(model_path: str) -> int:

@@ -13,7 +13,16 @@ from rl_algorithms.data import PromptDataConfig, load_prompt_dataset, pad_token_
 from rl_algorithms.distill import DistillConfig, distill_train
 from rl_apps import recipe_path
 from rl_apps.run_config import TeacherRunConfig
-from rl_apps.run_setup import items, load_splits, logits_width, open_run, resolve_with_tokenizer, start_run, stop_tokens
+from rl_apps.run_setup import (
+    check_fits_context,
+    items,
+    load_splits,
+    logits_width,
+    open_run,
+    resolve_with_tokenizer,
+    start_run,
+    stop_tokens,
+)
 from rl_backends_gen import GenerationConfig
 from rl_core.config import ConfigError, ConfigProblem
 
@@ -45,6 +54,8 @@ def checked_vocab_size(cfg: DistillRunConfig, student_path: str, tokenizer, teac
         raise ConfigError(ConfigProblem("config", "teacher.model",
                                         f"the teacher {cfg.teacher.model!r} and the student {cfg.model!r} use "
                                         "different tokenizers; use `rl xtoken-distill` for cross-tokenizer distillation"))
+    check_fits_context(student_path, {"distill.max_new_tokens": cfg.distill.max_new_tokens,
+                                      "generation.max_seq_len": cfg.generation.max_seq_len})
     vocab_size = logits_width(student_path)
     if logits_width(teacher_path) > vocab_size:
         raise ConfigError(ConfigProblem("config", "teacher.model",

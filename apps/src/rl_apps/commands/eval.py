@@ -3,7 +3,8 @@
 The same code as the ``rl-eval`` command and GRPO's validation (``rl_eval.evaluate``):
 
     rl eval                                          # SmolLM2-135M-Instruct on 200 arithmetic problems
-    rl eval model=runs/grpo/checkpoints/step_100 sampling.n=8 k_values=[1,4,8]
+    rl eval model=runs/grpo sampling.n=8 k_values=[1,4,8]  # a run (its latest checkpoint), a step dir, its policy/
+    rl eval model=runs/grpo/checkpoints/step_000005
     rl eval --config eval_tiny                       # the offline tiny model, in seconds
 """
 

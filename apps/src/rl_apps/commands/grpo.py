@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from rl_algorithms.grpo import GRPOConfig, LossConfig, grpo_train, prompt_length_check
 from rl_apps import recipe_path
 from rl_apps.run_config import RunConfig
-from rl_apps.run_setup import open_run, report_loaded, start_run
+from rl_apps.run_setup import check_fits_context, open_run, report_loaded, start_run
 from rl_apps.validation import make_validate_fn
 from rl_backends_gen import GenerationConfig
 from rl_core.config import ConfigError, ConfigProblem
@@ -32,8 +32,6 @@ class GRPORunConfig(RunConfig):
     model: str = "smollm2-135m-instruct"
     """A short name (smollm2-135m-instruct, tiny-llama, tiny-qwen2) or a local HF model directory."""
     output_dir: str = "runs/grpo"
-    export_hf: bool = False
-    """Write the final policy as an HF directory to ``<output_dir>/hf`` (LoRA: merged, plus ``adapter/``)."""
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
@@ -65,6 +63,9 @@ def run(cfg: GRPORunConfig) -> int:
     environment = build_env(cfg.env, "env")
     val_environment = build_env(cfg.val_env, "val_env") if cfg.val_env is not None else environment
     model_path, tokenizer = start_run(cfg)
+    check_fits_context(model_path, {"grpo.max_new_tokens": cfg.grpo.max_new_tokens,
+                                    "grpo.max_total_length": cfg.grpo.max_total_length,
+                                    "generation.max_seq_len": cfg.generation.max_seq_len})
     check = prompt_length_check(tokenizer, cfg.grpo.max_total_length)
     train = cfg.data.load("train", check=check)
     val = cfg.data.load("validation", cfg.grpo.val_num_prompts, check) if cfg.grpo.val_every > 0 else None

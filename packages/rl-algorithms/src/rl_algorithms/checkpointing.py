@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rl_checkpoint.errors import CheckpointError
 from rl_checkpoint.integrity import verify, write_manifest
@@ -62,6 +62,13 @@ class CheckpointConfig(StrictModel):
     """Continue from the latest intact checkpoint of this run in ``dir`` (model, optimizer, scheduler,
     data position, RNG states, step); a damaged one is skipped with a warning. Starts fresh when there
     is none."""
+
+    @model_validator(mode="after")
+    def _resume_needs_checkpoints(self) -> CheckpointConfig:
+        if self.resume and not self.enabled:
+            raise ValueError("checkpointing.resume=true needs checkpointing.enabled=true (a run without "
+                             "checkpoints has nothing to resume from)")
+        return self
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,19 @@ class CheckpointManager:
     def latest(self) -> Path | None:
         found = self.checkpoints()
         return found[-1][1] if found else None
+
+    def best(self) -> tuple[Path, float] | None:
+        """``(path, value of best_metric)`` of this run's best checkpoint; None when ``keep_best`` is off or
+        no checkpoint recorded the metric."""
+        if self.cfg.keep_best is None:
+            return None
+        ranked = self._ranked(self._mine())
+        return (ranked[0][0].path, ranked[0][1]) if ranked else None
+
+    def check_resume(self) -> None:
+        """Raise CheckpointError now, before a run writes anything, when resuming would continue another
+        run (the directory holds only checkpoints of other run ids). Nothing is loaded."""
+        self._resume_candidates()
 
     def save(self, step: int, policy: TrainingBackend, state: dict[str, Any]) -> Path:
         """Write checkpoint ``step`` atomically and prune this run's old ones. ``state`` must be JSON-serialisable."""
@@ -191,6 +211,10 @@ class CheckpointManager:
                 found.append(_Found(step, path, _UNREADABLE, {}))
         return found
 
+    def _mine(self) -> list[_Found]:
+        """This run's checkpoints whose trainer state reads, oldest first."""
+        return [f for f in self._scan() if f.run_id is not _UNREADABLE and self._is_mine(f)]
+
     def _is_mine(self, found: _Found) -> bool:
         return found.run_id == self.run_id
 
@@ -203,24 +227,25 @@ class CheckpointManager:
         another run's, or one whose trainer state cannot be read."""
         if self.cfg.keep_last is None and self.cfg.keep_best is None:
             return
-        mine = [f for f in self._scan() if f.run_id is not _UNREADABLE and self._is_mine(f)]
+        mine = self._mine()
         kept = {keep}
         if self.cfg.keep_last is not None:
             kept.update(f.path for f in mine[-self.cfg.keep_last:])
         if self.cfg.keep_best is not None:
-            kept.update(self._best(mine))
+            kept.update(f.path for f, _ in self._ranked(mine)[: self.cfg.keep_best])
         for found in mine:
             if found.path not in kept:
                 shutil.rmtree(found.path, ignore_errors=True)
 
-    def _best(self, found: list[_Found]) -> list[Path]:
+    def _ranked(self, found: list[_Found]) -> list[tuple[_Found, float]]:
+        """The checkpoints of ``found`` that recorded ``best_metric``, best first (ties: the later step)."""
         scored = []
         for f in found:
             value = f.state.get("metrics", {}).get(self.cfg.best_metric)
-            if isinstance(value, (int, float)):
-                scored.append((value if self.cfg.best_mode == "max" else -value, f.step, f.path))
-        scored.sort(reverse=True)
-        return [path for _, _, path in scored[: self.cfg.keep_best]]
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                scored.append((f, float(value)))
+        sign = 1.0 if self.cfg.best_mode == "max" else -1.0
+        return sorted(scored, key=lambda fv: (sign * fv[1], fv[0].step), reverse=True)
 
 
 def _read_state(path: Path) -> dict[str, Any]:

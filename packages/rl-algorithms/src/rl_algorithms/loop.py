@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from pydantic import Field
 
-from rl_algorithms.checkpointing import CheckpointManager
+from rl_algorithms.checkpointing import CheckpointError, CheckpointManager
 from rl_core.config import StrictModel
 from rl_core.protocols import GenerationBackend, TrainingBackend
 from rl_core.timer import Timer
@@ -48,7 +48,8 @@ class MetricsSink(Protocol):
 
     def log(self, metrics: Mapping[str, float], step: int, prefix: str = "train") -> Any: ...
 
-    # Optional: ``log_samples(samples: list[dict], step)`` receives example generations when present.
+    # Optional: ``log_samples(samples: list[dict], step)`` receives example generations when present;
+    # ``resume_from_step(step)`` drops what was logged after ``step`` (called when a run resumes there).
 
 
 class DataPosition(Protocol):
@@ -72,7 +73,7 @@ def train_loop(cfg: LoopConfig, policy: TrainingBackend, data: DataPosition, tra
     names (``train/...``, ``val/...``, ``step``; the entry of step 0 holds the validation before training).
 
     ``generation``: the generation backend that samples with the policy's weights (refitted on resume)."""
-    start_step, history = maybe_resume(checkpointer, policy, data, generation)
+    start_step, history = maybe_resume(checkpointer, policy, data, generation, logger)
     validating = validate is not None and cfg.val_every > 0
     if start_step == 0 and validating and cfg.val_at_start:
         history.append(record(logger, {}, validate(0), 0))
@@ -94,23 +95,37 @@ def train_loop(cfg: LoopConfig, policy: TrainingBackend, data: DataPosition, tra
 
 
 def maybe_resume(checkpointer: CheckpointManager | None, policy: TrainingBackend, data: DataPosition,
-                 generation: GenerationBackend | None = None) -> tuple[int, list[Metrics]]:
-    """``(first step to run, metrics history)``: from the latest checkpoint when resuming, else fresh."""
+                 generation: GenerationBackend | None = None,
+                 logger: MetricsSink | None = None) -> tuple[int, list[Metrics]]:
+    """``(first step to run, metrics history)``: from this run's newest intact checkpoint when resuming
+    (a damaged one is skipped with a warning), else fresh. The logger's files are cut back to the
+    checkpoint's step, so the resumed run logs each later step once."""
     if checkpointer is None or not checkpointer.cfg.resume:
         return 0, []
-    latest = checkpointer.latest()
-    if latest is None:
+    resumed = checkpointer.resume(policy)
+    if resumed is None:
         log.info("checkpointing.resume is set but %s holds no checkpoint: starting fresh", checkpointer.dir)
+        # An attempt killed before its first checkpoint may have logged steps: all are run again.
+        _cut_logs(logger, -1)
         return 0, []
-    state = checkpointer.load(latest, policy)
+    path, state = resumed
+    step = int(state["step"])
     try:
         data.load_state_dict(state["data"])
-    except ValueError as e:
-        raise ValueError(f"{latest}: {e}") from None
+    except ValueError as e:  # the checkpoint was written for other data
+        raise CheckpointError(f"{path}: {e}") from None
     if generation is not None:
         refit(policy, generation)
-    log.info("resumed from %s (step %d)", latest, state["step"])
-    return int(state["step"]), list(state["history"])
+    _cut_logs(logger, step)
+    print(f"resumed from {path} at step {step}", flush=True)
+    return step, list(state["history"])
+
+
+def _cut_logs(logger: MetricsSink | None, step: int) -> None:
+    """Drop what ``logger`` logged after ``step`` (``MetricsLogger.resume_from_step``, when it has it)."""
+    resume_from_step = getattr(logger, "resume_from_step", None)
+    if resume_from_step is not None:
+        resume_from_step(step)
 
 
 def maybe_checkpoint(checkpointer: CheckpointManager | None, done: int, last: bool, policy: TrainingBackend,

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from rl_backends_train.config import LoRAConfig
+from rl_core.config import ConfigError, ConfigProblem
 
 
 class LoRALinear(nn.Linear):
@@ -68,10 +69,10 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
             setattr(parent, child, LoRALinear.wrap(module, cfg))
             replaced.append(name)
     if not replaced:
-        raise ValueError(
-            f"lora.target_modules={sorted(targets)} matched no nn.Linear in the model; "
-            "use names such as q_proj, v_proj, gate_proj"
-        )
+        linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if type(m) is nn.Linear})
+        raise ConfigError(ConfigProblem("config", "policy.lora.target_modules",
+                                        f"{sorted(targets)} matched no linear layer of the model; its linear "
+                                        f"layers are named: {', '.join(linear)}"))
     return replaced
 
 

@@ -1,7 +1,7 @@
 """``rl-eval``: evaluate a model (HF dir or any checkpoint) on datasets; pass@k, cons@k, mean@k.
 
     rl-eval --config eval.yaml sampling.n=8 k_values=[1,4,8]
-    rl-eval model=runs/grpo/step_100 datasets.0.data.source.kind=countdown
+    rl-eval model=runs/grpo/checkpoints/step_000005 datasets.0.data.source.kind=countdown
     rl-eval --print-config
 """
 

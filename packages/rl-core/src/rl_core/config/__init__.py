@@ -9,7 +9,7 @@ expected and a did-you-mean for misspelled keys. docs/configs.md has the long fo
 """
 
 from rl_core.config.api import config_to_dict, dump_config, load_config
-from rl_core.config.base import StrictModel
+from rl_core.config.base import MAX_SEED, Seed, StrictModel
 from rl_core.config.errors import ConfigError, ConfigProblem
 from rl_core.config.loader import deep_merge, load_yaml_with_defaults
 from rl_core.config.overrides import apply_overrides, parse_override
@@ -18,6 +18,8 @@ from rl_core.config.sources import Source, SourceMap
 __all__ = [
     "ConfigError",
     "ConfigProblem",
+    "MAX_SEED",
+    "Seed",
     "Source",
     "SourceMap",
     "StrictModel",

@@ -33,9 +33,19 @@ class ConfigError(ValueError):
         self.problems: list[ConfigProblem] = list(problems)
         super().__init__(self._format())
 
+    def __reduce__(self):
+        # Rebuilt from its problems (not its message) when it crosses a process boundary (a Ray worker).
+        return _rebuild, (type(self), self.problems)
+
     def _format(self) -> str:
         if len(self.problems) == 1:
             return f"Invalid config: {self.problems[0]}"
         lines = [f"Invalid config ({len(self.problems)} problems):"]
         lines += [f"  - {problem}" for problem in self.problems]
         return "\n".join(lines)
+
+
+def _rebuild(cls: type[ConfigError], problems: list[ConfigProblem]) -> ConfigError:
+    error = cls.__new__(cls)
+    ConfigError.__init__(error, problems)
+    return error
