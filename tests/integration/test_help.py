@@ -91,7 +91,7 @@ def test_a_recipe_of_another_command_is_one_line(tmp_path, capsys, monkeypatch):
 def test_print_config_comments_documents_every_key_and_loads_back(tmp_path, capsys):
     assert main(["sft", "--print-config", "--comments", "sft.max_steps=7"]) == 0
     out = capsys.readouterr().out
-    assert "# Seeds the driver, the workers, the data order and every generation call.\nseed: 0\n" in out
+    assert "# Seeds the driver, the workers, the data order and every generation call (0 to 2**32 - 1).\nseed: 0\n" in out
     assert "# Metrics, the resolved ``config.yaml``" in out  # output_dir's text, inherited from RunConfig
     assert "\n    # Peak learning rate of AdamW" in out and "\n    lr: " in out
     printed = tmp_path / "printed.yaml"
