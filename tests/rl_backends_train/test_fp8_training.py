@@ -183,3 +183,31 @@ def test_two_fsdp_ranks_all_gather_float8_weights_and_track_one_rank(ray_session
     assert metrics["loss"] == pytest.approx(expected["loss"], rel=1e-3)
     assert metrics["grad_norm"] == pytest.approx(expected["grad_norm"], rel=0.02)
     torch.testing.assert_close(logprobs, expected_logprobs, rtol=0, atol=0.05)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise"])
+def test_fp8_on_cuda_tracks_bf16_and_refits_plain_weights(tmp_path, skewed_lengths, recipe):
+    """torch._scaled_mm (SM 8.9+; blockwise: torchao's triton kernels, SM 9.0) under FSDP2 on one GPU,
+    tensorwise with float8 all-gather. A model whose linears are multiples of 128 (blockwise's rule)."""
+    if torch.cuda.get_device_capability() < ((9, 0) if recipe == "blockwise" else (8, 9)):
+        pytest.skip(f"recipe {recipe} needs a newer GPU")
+    from rl_core.models import save_tiny_model
+
+    model_dir = str(save_tiny_model(tmp_path / "tiny-128", hidden_size=128, intermediate_size=256,
+                                    num_attention_heads=2, num_key_value_heads=2, head_dim=64))
+    batch = make_batch(VOCAB, skewed_lengths)
+    on_gpu = {"gpus_per_worker": 1}
+    ref_metrics, ref_grads = step_and_gradients(model_dir, batch, fp8_cfg(precision={}, **on_gpu))
+    metrics, grads = step_and_gradients(model_dir, batch, fp8_cfg(recipe, **on_gpu))
+    diff = torch.cat([(grads[n] - ref_grads[n]).flatten() for n in grads]).norm()
+    assert 0.001 < float(diff / torch.cat([g.flatten() for g in ref_grads.values()]).norm()) < 0.10
+    assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=1e-3)
+    with build_training_backend(fp8_cfg(recipe, **on_gpu), model_dir) as policy:
+        layer = policy.group._local.worker.model.model.layers[0]
+        assert type(layer.mlp.down_proj).__name__ == ("Float8BlockwiseLinear" if recipe == "blockwise" else "Float8Linear")
+        policy.train(batch, MaskedNLL())
+        weights = dict(policy.named_weights())
+    on_disk = load_file(f"{model_dir}/model.safetensors")
+    assert weights.keys() == on_disk.keys()
+    assert all(type(t) is torch.Tensor and t.dtype == torch.float32 and t.device.type == "cpu" for t in weights.values())
