@@ -19,7 +19,6 @@ import tempfile
 import time
 
 import torch
-
 from gen_gpu import smollm2_shaped_model  # bench/ is on sys.path when this file is run
 
 

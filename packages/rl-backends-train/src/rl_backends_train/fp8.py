@@ -18,6 +18,7 @@ checkpoints, export and refit see the same names, shapes and dtypes as without F
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 
 import torch
@@ -30,13 +31,17 @@ TORCHAO_EXTRA_HINT = 'Please install "rl-backends-train[fp8]" to train with poli
 BLOCKWISE_MULTIPLE = 128
 
 
-def require_torchao():
-    """Import torchao's float8 training or raise one ImportError naming the extra."""
+def import_extra(module: str, hint: str):
+    """Import ``module`` or raise one ImportError: ``hint`` (naming the pip extra), then the cause."""
     try:
-        import torchao.float8 as float8
+        return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"{TORCHAO_EXTRA_HINT} (torchao float8 training, backend=dtensor): {e}") from e
-    return float8
+        raise ImportError(f"{hint}: {e}") from e
+
+
+def require_torchao():
+    """torchao's float8 training, or one ImportError naming the extra."""
+    return import_extra("torchao.float8", f"{TORCHAO_EXTRA_HINT} (torchao float8 training, backend=dtensor)")
 
 
 def check_before_start(cfg: TrainBackendConfig) -> None:

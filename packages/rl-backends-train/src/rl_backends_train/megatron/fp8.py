@@ -17,17 +17,14 @@ Transformer Engine is CUDA-only: CPU ranks are refused before start.
 from __future__ import annotations
 
 from rl_backends_train.config import PrecisionConfig, TrainBackendConfig
+from rl_backends_train.fp8 import import_extra
 
 TE_EXTRA_HINT = 'Please install "rl-backends-train[megatron-fp8]" (Transformer Engine) for policy.precision.linear=fp8'
 
 
 def require_transformer_engine():
-    """Import Transformer Engine's PyTorch modules or raise one ImportError naming the extra."""
-    try:
-        import transformer_engine.pytorch as te
-    except ImportError as e:
-        raise ImportError(f"{TE_EXTRA_HINT} with backend=megatron: {e}") from e
-    return te
+    """Transformer Engine's PyTorch modules, or one ImportError naming the extra."""
+    return import_extra("transformer_engine.pytorch", f"{TE_EXTRA_HINT} with backend=megatron")
 
 
 def transformer_config_fields(precision: PrecisionConfig | None) -> dict:
