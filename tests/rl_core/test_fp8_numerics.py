@@ -10,6 +10,7 @@ from rl_core.fp8 import (
     E4M3,
     E4M3_MAX,
     Fp8Linear,
+    fp8_layers_by_weight_name,
     fp8_linear,
     fp8_matmul,
     quantize,
@@ -158,6 +159,13 @@ def test_quantize_linear_weights_converts_the_eligible_linears(tiny_tokenizer):
     assert type(model.model.layers[1].mlp.adapter) is _AdapterLinear
     assert isinstance(model.model.layers[0].self_attn.q_proj, Fp8Linear)
     assert model.model.layers[0].self_attn.q_proj.weight.dtype == E4M3
+    # Refit: the converted layers by the HF name of their weight, re-quantizing what they receive.
+    layers = fp8_layers_by_weight_name(model)
+    assert sorted(layers) == sorted(f"{name}.weight" for name in converted)
+    new = torch.randn(64, 64)
+    layers["model.layers.1.self_attn.o_proj.weight"].load_weight(new)
+    assert torch.equal(model.model.layers[1].self_attn.o_proj.fp8_weight.dequantize(),
+                       quantize_weight(new, "per_channel").dequantize())
 
 
 @pytest.mark.gpu

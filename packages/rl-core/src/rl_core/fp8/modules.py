@@ -88,3 +88,10 @@ def quantize_linear_weights_(model: nn.Module, scheme: WeightScheme = "per_chann
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, Fp8Linear.from_linear(linear, scheme))
     return [fqn for fqn, _ in targets]
+
+
+def fp8_layers_by_weight_name(model: nn.Module) -> dict[str, Fp8Linear]:
+    """``{"<module path>.weight": layer}`` for every ``Fp8Linear`` of ``model``: where a refit routes a
+    high-precision weight of that name (``layer.load_weight(tensor)``) instead of copying it into the
+    e4m3 buffer, which would drop the scale."""
+    return {f"{fqn}.weight": m for fqn, m in model.named_modules() if isinstance(m, Fp8Linear)}
