@@ -5,6 +5,7 @@
 # pyyaml, tqdm and pytest. What comes here:
 #   pydantic            our configs
 #   megatron-core       the Megatron backend on CUDA
+#   torchao             FP8 training (tests/rl_backends_train/test_fp8_training.py, bench/fp8_step.py; abi3, ~3.4 MB)
 #   ray + its deps      Ray placement on one GPU; also what tests/rl_backends_train/conftest.py imports.
 #                       Ray's wheel is 79 MB, over the 64 MiB a device call carries: its Java jar
 #                       (ray/jars, 31 MB) and the dashboard's web client are dropped (neither is used:
@@ -24,6 +25,7 @@ target=(--only-binary=:all: --python-version "$py" --implementation cp --abi "cp
 wheels=(
     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
     megatron-core==0.16.1 pytest-timeout
+    torchao==0.18.0
     ray==2.60.0 click jsonschema jsonschema-specifications referencing rpds-py attrs msgpack protobuf
     requests urllib3 idna certifi charset-normalizer filelock packaging
     aiohappyeyeballs aiosignal frozenlist multidict propcache yarl

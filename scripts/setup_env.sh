@@ -57,8 +57,9 @@ log "installing $TORCH_SPEC"
 EDITABLES=()
 for package in packages/*/; do
     extras="test"
-    # megatron-core 0.16 runs on the CPU (with the shims in rl_backends_train.megatron): test it for real.
-    [[ "$package" == packages/rl-backends-train/ ]] && extras="test,megatron"
+    # megatron-core 0.16 runs on the CPU (with the shims in rl_backends_train.megatron), torchao's
+    # float8 training in its emulation mode: test them for real.
+    [[ "$package" == packages/rl-backends-train/ ]] && extras="test,megatron,fp8"
     EDITABLES+=(-e "${package%/}[$extras]")
 done
 EDITABLES+=(-e "apps[test]")

@@ -6,6 +6,7 @@ from rl_backends_train.config import (
     LoRAConfig,
     OptimizerConfig,
     PackingConfig,
+    PrecisionConfig,
     SchedulerConfig,
     TrainBackendConfig,
 )
@@ -17,6 +18,7 @@ __all__ = [
     "LoRAConfig",
     "OptimizerConfig",
     "PackingConfig",
+    "PrecisionConfig",
     "SchedulerConfig",
     "TrainBackendConfig",
     "build_training_backend",

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rl_core.config import StrictModel
+from rl_core.fp8 import DEFAULT_SKIP_MODULES
 
 
 class LoRAConfig(StrictModel):
@@ -80,6 +81,42 @@ class SchedulerConfig(StrictModel):
     """Final learning rate of the cosine, as a fraction of the peak."""
 
 
+FP8_RECIPES: dict[str, tuple[str, ...]] = {
+    "dtensor": ("tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise"),
+    "megatron": ("tensorwise", "delayed", "blockwise", "mxfp8"),
+}
+"""The ``precision.recipe`` values each backend runs (torchao's float8 recipes; Transformer Engine's)."""
+
+
+class PrecisionConfig(StrictModel):
+    """Which matmuls run in FP8. Master weights, optimizer state, gradient reductions, checkpoints,
+    export and refit stay in high precision whatever is set here."""
+
+    linear: Literal["dtype", "fp8"] = "dtype"
+    """dtype: linear layers compute in ``policy.dtype`` like the rest. fp8: the matmuls of eligible
+    linear layers (forward and backward) run in float8 with dynamic scales: backend=dtensor through
+    torchao's float8 training (extra ``rl-backends-train[fp8]``; emulated on CPU), backend=megatron
+    through Transformer Engine (extra ``rl-backends-train[megatron-fp8]``, CUDA only)."""
+    recipe: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "delayed", "mxfp8"] = "tensorwise"
+    """How the FP8 scales are computed. backend=dtensor (torchao): tensorwise (one scale per tensor;
+    e4m3 activations and weights, e5m2 gradients), rowwise (one per row, all e4m3, power-of-two
+    scales), rowwise_with_gw_hp (rowwise; the weight gradient in high precision), blockwise (1 x 128
+    activation and 128 x 128 weight blocks; CUDA SM90 and dtype bfloat16 only: torchao's prototype,
+    no CPU emulation). backend=megatron (Transformer Engine): tensorwise (current scaling), delayed
+    (scales from an amax history), blockwise, mxfp8 (Blackwell GPUs)."""
+    fp8_format: Literal["hybrid", "e4m3"] | None = None
+    """backend=megatron only (``TransformerConfig.fp8``): hybrid (e4m3 forward, e5m2 gradients; the
+    default) or e4m3 everywhere. backend=dtensor: the recipe fixes the formats; leave it unset."""
+    skip_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_SKIP_MODULES))
+    """backend=dtensor: linear layers kept in high precision, by module path or its last components
+    (the LM head, a reward model's score head, MoE routers). Kept as well, always: linears whose in or
+    out features are not multiples of 16 (blockwise: 128, and linears with a bias); embeddings and
+    norms are never FP8."""
+    fsdp_float8_all_gather: bool = True
+    """backend=dtensor, recipe=tensorwise, when FSDP2 shards the model: weights are cast to float8
+    before FSDP's all-gather (half the bytes of bf16), torchao's ``enable_fsdp_float8_all_gather``."""
+
+
 class TrainBackendConfig(StrictModel):
     """How the policy (or reward model) is sharded, batched and optimised."""
 
@@ -128,6 +165,8 @@ class TrainBackendConfig(StrictModel):
     """Recompute each decoder layer's activations in backward (less memory, ~1/3 more compute)."""
     cpu_offload: bool = False
     """GPU only: keep sharded parameters, gradients and optimizer state in CPU memory (FSDP2)."""
+    precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
+    """FP8 linear layers (``precision.linear: fp8``); by default everything computes in ``dtype``."""
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     max_grad_norm: float | None = Field(1.0, gt=0.0)
@@ -199,6 +238,35 @@ class TrainBackendConfig(StrictModel):
                 "(gpus_per_worker=1) or run one worker")
         if not self.use_ray and self.num_workers > 1:
             raise ValueError(f"use_ray=False runs one in-process worker; got num_workers={self.num_workers}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_precision(self) -> TrainBackendConfig:
+        precision = self.precision
+        if precision.linear != "fp8":
+            stray = sorted(precision.model_fields_set - {"linear"})
+            if stray:
+                raise ValueError(f"precision.{stray[0]} only applies with precision.linear=fp8 (got linear="
+                                 f"{precision.linear!r}): set precision.linear=fp8 or remove it")
+            return self
+        if precision.recipe not in FP8_RECIPES[self.backend]:
+            raise ValueError(f"precision.recipe={precision.recipe!r} is not a recipe of backend={self.backend}: use one "
+                             f"of {', '.join(FP8_RECIPES[self.backend])}")
+        if self.lora is not None:
+            raise ValueError("precision.linear=fp8 with lora is not supported (the adapted layers are LoRA layers, not "
+                             "plain linears): drop one of them")
+        if self.backend == "dtensor":
+            if precision.fp8_format is not None:
+                raise ValueError("precision.fp8_format applies to backend=megatron; with backend=dtensor the torchao "
+                                 "recipe fixes the formats (tensorwise: e4m3 forward, e5m2 gradients; rowwise: e4m3)")
+            if self.tensor_parallel_size > 1:
+                raise ValueError("precision.linear=fp8 with tensor_parallel_size > 1 is not supported by backend=dtensor: "
+                                 "use data parallel (FSDP2) only, or backend=megatron")
+            if precision.recipe == "blockwise" and self.dtype != "bfloat16":
+                raise ValueError("precision.recipe=blockwise runs torchao's bf16 kernels: set dtype=bfloat16")
+        elif "skip_modules" in precision.model_fields_set or "fsdp_float8_all_gather" in precision.model_fields_set:
+            raise ValueError("precision.skip_modules and precision.fsdp_float8_all_gather apply to backend=dtensor; "
+                             "backend=megatron runs the decoder layers' linears in FP8 (embedding and output layer not)")
         return self
 
     @property

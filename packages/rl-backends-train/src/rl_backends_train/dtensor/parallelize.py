@@ -1,4 +1,4 @@
-"""Build one rank's shard of an HF model: load, then LoRA -> tensor parallel -> activation
+"""Build one rank's shard of an HF model: load, then LoRA -> FP8 linears -> tensor parallel -> activation
 checkpointing -> FSDP2, in that order (each step needs the previous one's module structure:
 TP plans address plain Linear names, checkpointing wraps whole decoder layers whose parameters
 are final, and FSDP2 shards whatever DTensors/tensors the earlier steps left)."""
@@ -10,6 +10,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from rl_backends_train.config import TrainBackendConfig
+from rl_backends_train.fp8 import convert_linears_to_fp8
 from rl_backends_train.lora import apply_lora
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -162,6 +163,13 @@ def build_parallel_model(model_path: str, cfg: TrainBackendConfig, mesh: DeviceM
     # 1. LoRA: swap targeted Linears for LoRALinear while the module tree is plain.
     if trainable and cfg.lora is not None:
         apply_lora(model, cfg.lora)
+    # An fp32 CPU run with one data shard skips FSDP (step 4): sharding over one rank only adds copies
+    # (with bf16, or on GPU, it still brings mixed precision, and offload).
+    use_fsdp = on_gpu or cfg.data_parallel_size > 1 or cfg.dtype != "float32"
+    # 1b. FP8: eligible Linears become torchao Float8Linears (fp8.py), before FSDP shards their weights.
+    if cfg.precision.linear == "fp8":
+        device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        convert_linears_to_fp8(model, cfg.precision, device, fsdp=use_fsdp)
     if not trainable:
         model.requires_grad_(False)
     if on_gpu and not cfg.cpu_offload:
@@ -173,8 +181,7 @@ def build_parallel_model(model_path: str, cfg: TrainBackendConfig, mesh: DeviceM
     # 3. Activation checkpointing per decoder layer (HF's non-reentrant checkpointing keeps FQNs).
     if trainable and cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    # 4. FSDP2 over "dp". An fp32 CPU run with one data shard skips it: sharding over one rank only
-    #    adds copies (with bf16, or on GPU, it still brings mixed precision, and offload).
-    if on_gpu or cfg.data_parallel_size > 1 or cfg.dtype != "float32":
+    # 4. FSDP2 over "dp" (see use_fsdp above).
+    if use_fsdp:
         apply_fsdp(model, mesh["dp"], cfg, on_gpu)
     return model

@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rl_backends_train.dtensor.parallelize import build_mesh, build_parallel_model
+from rl_backends_train.fp8 import plain_tensor
 from rl_backends_train.lora import is_adapter_name, lora_modules, set_adapters_enabled
 from rl_backends_train.worker import TrainWorker
 
@@ -112,4 +113,4 @@ def local_shard_and_weight(grad: torch.Tensor) -> tuple[torch.Tensor, float]:
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    return plain_tensor(tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor)

@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from rl_backends_train.megatron import context, experts, lora, stages, tp_shards
+from rl_backends_train.megatron import context, experts, fp8, lora, stages, tp_shards
 
 _FAMILIES = ("llama", "qwen2", "mixtral")
 
@@ -47,12 +47,13 @@ def rope_theta(config) -> float:
 
 def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
                        context_parallel_size: int = 1, expert_parallel_size: int = 1, recompute: bool = False,
-                       virtual_pipeline_size: int = 1, sequence_parallel: bool = False):
+                       virtual_pipeline_size: int = 1, sequence_parallel: bool = False, quantization: dict | None = None):
     """megatron-core TransformerConfig equal to the HF model (RMSNorm, SwiGLU, RoPE, GQA).
 
     ``recompute``: Megatron's full recompute of every decoder layer in backward (``uniform``, one
     layer per unit), the same granularity as the DTensor backend's activation checkpointing.
-    ``pipeline_parallel_size > 1``: the settings ``megatron/pipeline.py`` runs the schedule with."""
+    ``pipeline_parallel_size > 1``: the settings ``megatron/pipeline.py`` runs the schedule with.
+    ``quantization``: FP8 fields (``fp8.transformer_config_fields``)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     if hf_config.model_type not in _FAMILIES:
@@ -128,7 +129,7 @@ def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: i
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=True,
         **recompute_kwargs,
-        **(pipeline_kwargs | moe_kwargs),
+        **(pipeline_kwargs | moe_kwargs | (quantization or {})),
     )
 
 
@@ -137,8 +138,9 @@ class MegatronCausalLM(nn.Module):
     tensor-parallel shard of its pipeline stage (the whole model with TP = PP = 1)."""
 
     def __init__(self, hf_config, dtype: torch.dtype, *, recompute: bool = False, chunk: int = 0,
-                 chunks: int = 1, sequence_parallel: bool = False) -> None:
-        """``chunk`` / ``chunks``: this model chunk of the rank's ``chunks`` (virtual pipeline stages)."""
+                 chunks: int = 1, sequence_parallel: bool = False, precision=None) -> None:
+        """``chunk`` / ``chunks``: this model chunk of the rank's ``chunks`` (virtual pipeline stages);
+        ``precision``: a ``PrecisionConfig`` (FP8 through Transformer Engine's linears, ``fp8.py``)."""
         super().__init__()
         from megatron.core import parallel_state
         from megatron.core.models.gpt import GPTModel
@@ -169,10 +171,14 @@ class MegatronCausalLM(nn.Module):
                                               normalization="RMSNorm")
         if self.cp_size > 1:
             layer_spec.submodules.self_attention.submodules.core_attention = context.attention_class()
+        quantization = fp8.transformer_config_fields(precision)
+        if quantization:  # only Transformer Engine modules compute in FP8
+            layer_spec = fp8.with_te_linears(layer_spec)
         config = transformer_config(hf_config, dtype, tensor_parallel_size=self.tp_size, pipeline_parallel_size=pp_size,
                                     context_parallel_size=self.cp_size, expert_parallel_size=ep_size,
                                     recompute=recompute, virtual_pipeline_size=chunks,
-                                    sequence_parallel=self.sequence_parallel)
+                                    sequence_parallel=self.sequence_parallel,
+                                    quantization=quantization)
         if self.sequence_parallel:
             layer_spec = _sequence_parallel_block(layer_spec, config, chunk if chunks > 1 else None)
         self.gpt = GPTModel(

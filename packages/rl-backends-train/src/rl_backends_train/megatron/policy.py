@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rl_backends_train.megatron import fp8
 from rl_backends_train.megatron.worker import MegatronWorker, check_megatron_config, check_model_fits
 from rl_backends_train.policy import TrainPolicy
 
@@ -14,6 +15,7 @@ class MegatronPolicy(TrainPolicy):
     @classmethod
     def check(cls, cfg, model_path: str) -> None:
         check_megatron_config(cfg)
+        fp8.check_before_start(cfg)  # Transformer Engine importable, GPU ranks
         check_model_fits(cfg, model_path)
 
     def load_adapter(self, path: str) -> None:

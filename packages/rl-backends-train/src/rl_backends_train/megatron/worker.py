@@ -80,7 +80,8 @@ def build_megatron_model(model_path: str, cfg: TrainBackendConfig, device: torch
     hf_config = AutoConfig.from_pretrained(model_path)
     chunks = cfg.virtual_pipeline_parallel_size
     parts = [MegatronCausalLM(hf_config, _DTYPES[cfg.dtype], recompute=cfg.activation_checkpointing, chunk=v,
-                              chunks=chunks, sequence_parallel=cfg.sequence_parallel) for v in range(chunks)]
+                              chunks=chunks, sequence_parallel=cfg.sequence_parallel, precision=cfg.precision)
+             for v in range(chunks)]
     model = parts[0] if chunks == 1 else ModelChunks(parts)
     if fp32_params:
         for param in model.parameters():
