@@ -99,8 +99,8 @@ def test_no_world_writable_host_directory_is_writable(shared_host_dir):
             assert line == f"WROTE {directory}"  # the program's own /tmp works as programs expect
         elif is_private(directory):
             assert line == f"blocked {directory} 2"  # the host's /tmp/x is not in the private /tmp
-        else:
-            assert line == f"blocked {directory} 30", line  # EROFS
+        else:  # EROFS; EACCES where a parent directory is closed to others (e.g. container storage)
+            assert line in (f"blocked {directory} 30", f"blocked {directory} 13"), line
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="seccomp filter for x86_64 / aarch64")
