@@ -244,7 +244,10 @@ class TrainBackendConfig(StrictModel):
     def _check_precision(self) -> TrainBackendConfig:
         precision = self.precision
         if precision.linear != "fp8":
-            stray = sorted(precision.model_fields_set - {"linear"})
+            # A field set to its default (as a dumped config.yaml holds every field) is not stray.
+            stray = sorted(name for name in precision.model_fields_set - {"linear"}
+                           if getattr(precision, name)
+                           != type(precision).model_fields[name].get_default(call_default_factory=True))
             if stray:
                 raise ValueError(f"precision.{stray[0]} only applies with precision.linear=fp8 (got linear="
                                  f"{precision.linear!r}): set precision.linear=fp8 or remove it")
