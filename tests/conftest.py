@@ -53,3 +53,19 @@ def ray_session():
         ray.init(num_cpus=8, include_dashboard=False, log_to_driver=True, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_family_dir(tmp_path_factory):
+    """``tiny_family_dir(family)``: an HF directory holding the tiny model of ``family`` (any key of
+    ``rl_core.models.tiny.FAMILIES``) and its tokenizer, built once per session."""
+    from rl_core.models import save_tiny_model
+
+    built: dict[str, str] = {}
+
+    def get(family: str) -> str:
+        if family not in built:
+            built[family] = str(save_tiny_model(tmp_path_factory.mktemp(f"tiny-{family}"), family=family))
+        return built[family]
+
+    return get
