@@ -38,27 +38,31 @@ def max_logprob_gap(results, prompts, training_logprobs, model, temperature: flo
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_equals_hf_generate(family, tiny_family_dir, tiny_prompts):
+def test_greedy_equals_hf_generate_and_logprobs_equal_training_forward(family, tiny_family_dir, tiny_prompts,
+                                                                        training_logprobs):
+    """Token for token HF ``generate``; logprobs (T = 1 for greedy) those of a training forward. (HF's
+    own single-step Mamba-2 decode drifts ~1e-4 from its training forward; the engine's does not.)"""
     path = tiny_family_dir(family)
     got = NativeEngine(path, max_batch_size=8, max_seq_len=128).generate(tiny_prompts, GREEDY)
     want = hf_greedy(path, tiny_prompts)
-    for a, b in zip(got, want):
-        assert a[0].token_ids == b[0].token_ids
-        assert a[0].finish_reason == b[0].finish_reason
-        assert max(abs(x - y) for x, y in zip(a[0].logprobs, b[0].logprobs)) <= 1e-5
+    assert [r[0].token_ids for r in got] == [r[0].token_ids for r in want]
+    assert [r[0].finish_reason for r in got] == [r[0].finish_reason for r in want]
+    assert max_logprob_gap(got, tiny_prompts, training_logprobs, hf_model(path), 1.0) <= 1e-5
     assert sum(len(r[0].token_ids) for r in got) > 3 * len(tiny_prompts)  # not trivially short
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_continuous_batching_logprobs_equal_training_forward(family, tiny_family_dir, tiny_prompts, training_logprobs):
-    """5 prompts of 1-20 tokens x 3 samples through 4 rows: rows finish, move and are refilled (every
-    cache kind's rows move); the samples equal those of a batch that holds them all at once."""
-    path = tiny_family_dir(family)
+    """Prompts of 40, 1, 27, 4 and 7 tokens x 3 samples through 4 rows, max_seq_len 48: the 40-token
+    prompt's rows stop after 8 tokens while a later row goes on, so rows of every cache kind move into
+    freed slots and new samples join; the samples equal those of a batch that holds them all at once."""
+    path, prompts = tiny_family_dir(family), tiny_prompts[::-1]
     sampling = SamplingParams(max_new_tokens=20, temperature=0.8, top_p=0.95, top_k=50, n=3, seed=5)
-    narrow = NativeEngine(path, max_batch_size=4, max_seq_len=128).generate(tiny_prompts, sampling)
-    wide = NativeEngine(path, max_batch_size=16, max_seq_len=128).generate(tiny_prompts, sampling)
+    narrow = NativeEngine(path, max_batch_size=4, max_seq_len=48).generate(prompts, sampling)
+    wide = NativeEngine(path, max_batch_size=16, max_seq_len=48).generate(prompts, sampling)
     assert [[c.token_ids for c in s] for s in narrow] == [[c.token_ids for c in s] for s in wide]
-    assert max_logprob_gap(narrow, tiny_prompts, training_logprobs, hf_model(path), 0.8) <= 1e-5
+    assert max(len(c.token_ids) for c in narrow[0]) <= 8 < max(len(c.token_ids) for c in narrow[1])
+    assert max_logprob_gap(narrow, prompts, training_logprobs, hf_model(path), 0.8) <= 1e-5
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -79,8 +83,8 @@ def test_shared_prompt_prefill_equals_plain_prefill(family, tiny_family_dir, tin
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_refit_and_sleep_wake(family, tiny_family_dir, tiny_prompts, tmp_path):
-    """New weights change the outputs to exactly HF's with those weights, without reallocating the
-    cache; sleep frees every cache buffer and wake restores them."""
+    """New weights change the outputs to exactly those of an engine built from them (which the test
+    above holds to HF), without reallocating the cache; sleep frees every cache buffer, wake restores."""
     path = tiny_family_dir(family)
     engine = NativeEngine(path, max_batch_size=8, max_seq_len=128)
     before = [r[0].token_ids for r in engine.generate(tiny_prompts, GREEDY)]
@@ -97,7 +101,8 @@ def test_refit_and_sleep_wake(family, tiny_family_dir, tiny_prompts, tmp_path):
     model.save_pretrained(tmp_path)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(path) / name, tmp_path / name)
-    assert after == [r[0].token_ids for r in hf_greedy(str(tmp_path), tiny_prompts)]
+    fresh = NativeEngine(str(tmp_path), max_batch_size=8, max_seq_len=128).generate(tiny_prompts, GREEDY)
+    assert after == [r[0].token_ids for r in fresh]
     engine.sleep()
     assert engine.cache.nbytes() == 0
     engine.wake()

@@ -9,7 +9,8 @@ engine keeps, per row, the convolution's last ``kernel - 1`` inputs and the recu
   ``g = 0`` and write strength ``beta = 0``; Mamba-2: step ``dt = 0``), and the convolution state is
   gathered at each row's own last inputs. After a shared prefix, the rows start from the prefix's
   state and convolution inputs.
-* decode runs transformers' single-step kernels on the active rows' states in place: O(1) per token.
+* decode updates the active rows' states in place, one token at a time (transformers' single-step
+  recurrence kernels; the convolution as one dot product per channel): O(1) per token.
 
 ``install(module)`` replaces the mixer's ``forward`` on the engine's own model instance (its
 parameters, names and weight updates are untouched); the kernels are the functions of the module's
@@ -23,6 +24,7 @@ import types
 
 import torch
 import torch.nn.functional as F
+from transformers.activations import ACT2FN
 
 from rl_backends_gen.native.cache import RecurrentState
 from rl_backends_gen.native.steps import DecodeStep, PrefillStep
@@ -40,10 +42,17 @@ def convolve(module, inputs: torch.Tensor, step, layer: RecurrentState) -> torch
     """The mixer's causal depthwise convolution of ``inputs`` [B, C, q] (activation applied),
     continuing from and updating each row's cached last inputs."""
     kernels = sys.modules[type(module).__module__]
-    weight, bias = module.conv1d.weight.squeeze(1), module.conv1d.bias
+    weight, bias = module.conv1d.weight.squeeze(1), module.conv1d.bias  # [C, kernel], [C] or None
     states = layer["conv"]  # [rows, C, kernel - 1]
-    if isinstance(step, DecodeStep):  # updates states[:R] in place
-        return kernels.causal_conv1d_update(inputs, states[: inputs.shape[0]], weight, bias, module.activation)
+    if isinstance(step, DecodeStep):
+        # One output per row: a dot product with the last `kernel` inputs (CPU conv1d costs ~ms per
+        # call at these sizes, this ~10 us); the window's tail becomes the new state.
+        window = torch.cat([states[: inputs.shape[0]], inputs.to(states.dtype)], dim=-1)  # [R, C, kernel]
+        states[: inputs.shape[0]] = window[..., 1:]
+        out = (window * weight).sum(dim=-1, keepdim=True)
+        if bias is not None:
+            out = out + bias[:, None]
+        return ACT2FN[module.activation](out).to(inputs.dtype)  # [R, C, 1]
     keep = states.shape[-1]
     if step.start:
         before = states[step.first_slot_of_row]

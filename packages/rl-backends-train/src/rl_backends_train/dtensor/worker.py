@@ -30,6 +30,7 @@ from rl_backends_train.config import TrainBackendConfig
 from rl_backends_train.dtensor.parallelize import build_mesh, build_parallel_model
 from rl_backends_train.forward import model_outputs
 from rl_backends_train.lora import adapter_config, is_adapter_name, lora_modules, set_adapters_enabled, write_adapter
+from rl_backends_train.lora import adapted_names
 from rl_backends_train.optim import build_optimizers, build_schedulers, clip_grad_norm
 from rl_core.batch import Batch, shard
 from rl_core.protocols import LossFn
@@ -205,7 +206,8 @@ class DTensorWorker:
         state = self.model.state_dict()
         adapters = {n: _full(t).detach().cpu() for n, t in state.items() if is_adapter_name(n)}
         if self.rank == 0:
-            write_adapter(path, adapters, adapter_config(self.cfg.lora, self.model_path, self.cfg.task))
+            write_adapter(path, adapters, adapter_config(self.cfg.lora, self.model_path, self.cfg.task,
+                                                         targets=adapted_names(adapters)))
         dist.barrier()
 
     # ---------------------------------------------------------------------------------- checkpoints

@@ -95,6 +95,7 @@ _GATED_DELTA = dict(  # Qwen3.5: gated delta-net linear attention, then full att
     linear_key_head_dim=32,
     linear_value_head_dim=32,
     linear_conv_kernel_dim=4,
+    initializer_range=0.05,  # at the default 0.02 the recurrent state barely reaches the logits
 )
 
 # HF ``model_type`` -> config keys over ``_COMMON``: the smallest model that still has every layer
@@ -117,6 +118,7 @@ FAMILIES: dict[str, dict] = {
         "num_hidden_layers": _OMIT, "mamba_num_heads": 4, "mamba_head_dim": 32, "n_groups": 2,
         "ssm_state_size": 16, "conv_kernel": 4, "chunk_size": 8, "n_routed_experts": 4,
         "moe_shared_expert_intermediate_size": 64, "layer_norm_epsilon": 1e-6, "rms_norm_eps": _OMIT,
+        "initializer_range": 0.1,  # at 0.02 the Mamba state barely reaches the logits
     },
     "gemma3_text": {  # window 8: the test prompts (up to ~20 tokens) reach past it
         "num_hidden_layers": 3, "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
