@@ -69,3 +69,17 @@ def tiny_family_dir(tmp_path_factory):
         return built[family]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def documented_families() -> dict[str, dict[str, str]]:
+    """The support table of docs/models.md ("Model families: what runs where"):
+    ``{model_type: {column header: cell}}``, backticks stripped."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "models.md").read_text()
+    section = text.split("## Model families: what runs where", 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip().replace("`", "") for cell in line.strip().strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    header, body = rows[0], rows[1:]
+    return {row[0].split()[0]: dict(zip(header, row)) for row in body}

@@ -156,3 +156,9 @@ def test_unsupported_layers_are_refused_naming_family_layer_and_alternative(fami
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     with pytest.raises(NotImplementedError, match=message):
         NativeEngine(str(tmp_path))
+
+
+def test_the_documented_matrix_is_the_tested_one(documented_families):
+    """docs/models.md lists exactly the families tested here, each with the native engine."""
+    assert set(documented_families) == set(FAMILIES)
+    assert all(row["native engine"] == "yes" for row in documented_families.values())
