@@ -10,38 +10,15 @@ import json
 import pytest
 import torch
 from backend_testlib import MaskedNLL, make_batch, make_grouped_batch
+from test_dtensor_ray import VOCAB, assert_same_step, cfg, one_step
 
-from rl_backends_train import TrainBackendConfig, build_training_backend
+from rl_backends_train import build_training_backend
 from rl_backends_train.families import LORA_TARGETS, STANDARD_LORA_TARGETS, tensor_parallel_layer_plan
 from rl_core.cluster import WorkerError
 from rl_core.models.tiny import FAMILIES
 
-VOCAB = 500
-SMOOTH_ADAM = {"lr": 1e-3, "eps": 1e-3}  # see test_dtensor_local.py
 RECURRENT = {"qwen3_5_text", "qwen3_5_moe_text", "nemotron_h"}  # packing refused
 TENSOR_PARALLEL = {"llama", "qwen2", "qwen3", "qwen3_5_text", "gemma3_text"}  # HF plan translated
-
-
-def cfg(**overrides) -> TrainBackendConfig:
-    return TrainBackendConfig(**({"optimizer": SMOOTH_ADAM, "reference_model": False} | overrides))
-
-
-def one_step(model_dir, batch, **overrides):
-    """(logprobs before, metrics, weights after, logprobs after) of one MaskedNLL step."""
-    with build_training_backend(cfg(**overrides), model_dir) as policy:
-        before = policy.logprobs(batch)
-        metrics = policy.train(batch, MaskedNLL())
-        return before, metrics, dict(policy.named_weights()), policy.logprobs(batch)
-
-
-def assert_same_step(a, b, atol=1e-6):
-    (before_a, metrics_a, weights_a, after_a), (before_b, metrics_b, weights_b, after_b) = a, b
-    torch.testing.assert_close(before_a, before_b, rtol=0, atol=1e-5)
-    assert metrics_a["loss"] == pytest.approx(metrics_b["loss"], rel=1e-6)
-    assert metrics_a["grad_norm"] == pytest.approx(metrics_b["grad_norm"], rel=1e-5)
-    for name in weights_a:
-        torch.testing.assert_close(weights_a[name], weights_b[name], rtol=0, atol=atol, msg=name)
-    torch.testing.assert_close(after_a, after_b, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
 from rl_backends_gen.native.cache import RecurrentState
-from rl_backends_gen.native.steps import DecodeStep, PrefillStep
+from rl_backends_gen.native.steps import DecodeStep
 
 
 def install_gated_delta_net(module) -> None:

@@ -29,8 +29,14 @@ from rl_backends_train.batching import (
 from rl_backends_train.config import TrainBackendConfig
 from rl_backends_train.dtensor.parallelize import build_mesh, build_parallel_model
 from rl_backends_train.forward import model_outputs
-from rl_backends_train.lora import adapter_config, is_adapter_name, lora_modules, set_adapters_enabled, write_adapter
-from rl_backends_train.lora import adapted_names
+from rl_backends_train.lora import (
+    adapted_names,
+    adapter_config,
+    is_adapter_name,
+    lora_modules,
+    set_adapters_enabled,
+    write_adapter,
+)
 from rl_backends_train.optim import build_optimizers, build_schedulers, clip_grad_norm
 from rl_core.batch import Batch, shard
 from rl_core.protocols import LossFn
