@@ -51,6 +51,17 @@ def test_greedy_equals_hf_generate_and_logprobs_equal_training_forward(family, t
     assert sum(len(r[0].token_ids) for r in got) > 3 * len(tiny_prompts)  # not trivially short
 
 
+def test_qwen2_with_sliding_window_layers_equals_hf_generate(tmp_path, tiny_prompts, training_logprobs):
+    """Qwen2's optional sliding window (every layer, window 8 < the prompts' 27 and 40 tokens)."""
+    from rl_core.models import save_tiny_model
+
+    path = str(save_tiny_model(tmp_path, family="qwen2", use_sliding_window=True, sliding_window=8,
+                               max_window_layers=0))
+    got = NativeEngine(path, max_batch_size=8, max_seq_len=128).generate(tiny_prompts, GREEDY)
+    assert [r[0].token_ids for r in got] == [r[0].token_ids for r in hf_greedy(path, tiny_prompts)]
+    assert max_logprob_gap(got, tiny_prompts, training_logprobs, hf_model(path), 1.0) <= 1e-5
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_continuous_batching_logprobs_equal_training_forward(family, tiny_family_dir, tiny_prompts, training_logprobs):
     """Prompts of 40, 1, 27, 4 and 7 tokens x 3 samples through 4 rows, max_seq_len 48: the 40-token
