@@ -83,3 +83,33 @@ def write_rows():
         return path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def tiny_family_dir(tmp_path_factory):
+    """``tiny_family_dir(family)``: an HF directory holding the tiny model of ``family`` (any key of
+    ``rl_core.models.tiny.FAMILIES``) and its tokenizer, built once per session."""
+    from rl_core.models import save_tiny_model
+
+    built: dict[str, str] = {}
+
+    def get(family: str) -> str:
+        if family not in built:
+            built[family] = str(save_tiny_model(tmp_path_factory.mktemp(f"tiny-{family}"), family=family))
+        return built[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def documented_families() -> dict[str, dict[str, str]]:
+    """The support table of docs/models.md ("Model families: what runs where"):
+    ``{model_type: {column header: cell}}``, backticks stripped."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "models.md").read_text()
+    section = text.split("## Model families: what runs where", 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip().replace("`", "") for cell in line.strip().strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    header, body = rows[0], rows[1:]
+    return {row[0].split()[0]: dict(zip(header, row)) for row in body}

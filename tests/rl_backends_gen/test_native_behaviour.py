@@ -136,12 +136,3 @@ def test_bad_requests_fail_clearly_and_the_engine_keeps_working(llama_engine, ti
 def test_empty_prompt_list_returns_nothing(llama_engine):
     assert llama_engine.generate([], SamplingParams()) == []
 
-
-def test_unsupported_model_features_are_refused(tmp_path, tiny_tokenizer):
-    from rl_core.models import build_tiny_model
-
-    model = build_tiny_model(tiny_tokenizer, family="qwen2", use_sliding_window=True, sliding_window=16,
-                             max_window_layers=0)
-    model.save_pretrained(tmp_path)
-    with pytest.raises(NotImplementedError, match="sliding-window"):
-        NativeEngine(str(tmp_path))

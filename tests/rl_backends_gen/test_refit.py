@@ -24,12 +24,12 @@ def perturbed_weights(path: str, load_hf_model, scale: float = 0.05) -> dict[str
 def test_refit_then_greedy_equals_hf_with_the_new_weights(tiny_model_dir, tiny_prompts, load_hf_model, tmp_path):
     engine = NativeEngine(tiny_model_dir, max_batch_size=8, max_seq_len=128)
     before = [r[0].token_ids for r in engine.generate(tiny_prompts, GREEDY)]
-    keys_before = [t.data_ptr() for t in engine.cache.keys]
+    keys_before = [t.data_ptr() for t in engine.cache.buffers()]
     weights = perturbed_weights(tiny_model_dir, load_hf_model)
     engine.update_weights(weights.items())
     after = [r[0].token_ids for r in engine.generate(tiny_prompts, GREEDY)]
     assert after != before  # the engine no longer samples the old policy
-    assert [t.data_ptr() for t in engine.cache.keys] == keys_before  # no cache reallocation
+    assert [t.data_ptr() for t in engine.cache.buffers()] == keys_before  # no cache reallocation
 
     reference_model = load_hf_model(tiny_model_dir)
     reference_model.load_state_dict(weights, strict=False)

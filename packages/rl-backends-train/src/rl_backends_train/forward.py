@@ -17,6 +17,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from rl_backends_train.batching import MicroBatch, pack_rows
+from rl_backends_train.families import packed_attention_mask
 from rl_core.types import ModelOutputs
 
 
@@ -46,8 +47,9 @@ def run_model(model: nn.Module, mb: MicroBatch, score_head: nn.Module | None,
                     needed = torch.unique(unpack_index)  # sorted
                     extra["logits_to_keep"] = needed.to(device)
                     unpack_index = torch.searchsorted(needed, unpack_index.contiguous())
-            out = model(input_ids=ids.to(device), position_ids=position_ids.to(device), attention_mask=mask.to(device),
-                        **extra)
+            position_ids = position_ids.to(device)
+            mask = packed_attention_mask(model, mask.to(device), position_ids)
+            out = model(input_ids=ids.to(device), position_ids=position_ids, attention_mask=mask, **extra)
             raw = captured[0] if captured else out.logits
             raw = raw[0][unpack_index.to(device)]  # [b, t or keep_last, V or 1]
         else:

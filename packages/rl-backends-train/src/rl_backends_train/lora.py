@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from rl_backends_train.config import LoRAConfig
-from rl_core.config import ConfigError, ConfigProblem
+from rl_backends_train.families import lora_targets
 
 
 class LoRALinear(nn.Linear):
@@ -57,10 +57,14 @@ class LoRALinear(nn.Linear):
 
 
 def apply_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
-    """Freeze ``model`` and replace every targeted nn.Linear by a LoRALinear. Returns their names."""
+    """Freeze ``model`` and replace every targeted nn.Linear by a LoRALinear. Returns their names.
+
+    Targets: ``cfg.target_modules`` when set (each must name a Linear of the model), else the
+    family's default list (``families.LORA_TARGETS``)."""
     for p in model.parameters():
         p.requires_grad_(False)
-    targets = set(cfg.target_modules)
+    configured = cfg.target_modules if "target_modules" in cfg.model_fields_set else None
+    targets = lora_targets(model, configured)
     replaced = []
     for name, module in list(model.named_modules()):
         if name.rsplit(".", 1)[-1] in targets and type(module) is nn.Linear:
@@ -68,11 +72,6 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, LoRALinear.wrap(module, cfg))
             replaced.append(name)
-    if not replaced:
-        linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if type(m) is nn.Linear})
-        raise ConfigError(ConfigProblem("config", "policy.lora.target_modules",
-                                        f"{sorted(targets)} matched no linear layer of the model; its linear "
-                                        f"layers are named: {', '.join(linear)}"))
     return replaced
 
 
@@ -103,8 +102,9 @@ def merge_full_state_dict(model: nn.Module, full: dict[str, torch.Tensor]) -> It
         yield name, tensor
 
 
-def adapter_config(cfg: LoRAConfig, base_model_path: str, task: str) -> dict:
-    """A PEFT-compatible adapter_config.json."""
+def adapter_config(cfg: LoRAConfig, base_model_path: str, task: str, targets: list[str] | None = None) -> dict:
+    """A PEFT-compatible adapter_config.json; ``targets``: the adapted Linear names (default: the
+    configured ones)."""
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM" if task == "causal_lm" else "SEQ_CLS",
@@ -112,7 +112,7 @@ def adapter_config(cfg: LoRAConfig, base_model_path: str, task: str) -> dict:
         "r": cfg.rank,
         "lora_alpha": cfg.alpha,
         "lora_dropout": cfg.dropout,
-        "target_modules": sorted(cfg.target_modules),
+        "target_modules": sorted(targets if targets is not None else cfg.target_modules),
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,
@@ -132,3 +132,8 @@ def write_adapter(path: str | Path, adapters: dict[str, torch.Tensor], config: d
     tmp_cfg = path / ".adapter_config.json.tmp"
     tmp_cfg.write_text(json.dumps(config, indent=2))
     os.replace(tmp_cfg, path / "adapter_config.json")
+
+
+def adapted_names(adapters: dict[str, torch.Tensor]) -> list[str]:
+    """The Linear names (last path component) that the adapter tensors ``adapters`` belong to."""
+    return sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in adapters})

@@ -38,7 +38,7 @@ from rl_backends_train.batching import (
 )
 from rl_backends_train.config import TrainBackendConfig
 from rl_backends_train.forward import model_outputs
-from rl_backends_train.lora import adapter_config, write_adapter
+from rl_backends_train.lora import adapted_names, adapter_config, write_adapter
 from rl_backends_train.optim import build_optimizers, build_schedulers, clip_grad_norm
 from rl_core.batch import Batch, shard
 from rl_core.protocols import LossFn
@@ -251,7 +251,8 @@ class TrainWorker(ABC):
         adapters = self._adapter_tensors()
         if self.rank == 0:
             write_adapter(path, {k: v.detach().cpu() for k, v in adapters.items()},
-                          adapter_config(self.cfg.lora, self.model_path, self.cfg.task))
+                          adapter_config(self.cfg.lora, self.model_path, self.cfg.task,
+                                         targets=adapted_names(adapters)))
         dist.barrier()
 
     # ---------------------------------------------------------------------------------- checkpoints
@@ -374,7 +375,7 @@ class TrainWorker(ABC):
         """The context forwards and backwards run in (default: nothing to do; FSDP2 casts for compute)."""
         return contextlib.nullcontext()
 
-    def _reduce_gradients(self) -> None:
+    def _reduce_gradients(self) -> None:  # noqa: B027 (a hook, a no-op unless a backend needs it)
         """Sum gradients over the data-parallel ranks (default: nothing, FSDP2 reduce-scatters in backward)."""
 
     def _clip_gradients(self) -> float:

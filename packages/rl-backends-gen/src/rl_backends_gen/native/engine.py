@@ -1,9 +1,10 @@
-"""The native generation engine: the training code's own HF model, a static KV cache, continuous batching.
+"""The native generation engine: the training code's own HF model, a static cache, continuous batching.
 
 One ``generate`` call runs this loop until every requested sample is done::
 
     while samples wait or rows are active:
-        admit waiting samples into free rows   # one prefill per prompt, KV copied to its n samples;
+        admit waiting samples into free rows   # one prefill per prompt, its cache rows (keys/values,
+                                               # latents, recurrent states) copied to its n samples;
                                                # a prefix the prompts share runs once
         decode one token for all active rows   # one forward over R rows, cache updated in place
         finished rows leave (last rows move into their slots)
@@ -21,16 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from rl_backends_gen.native.kv_cache import (
-    ATTENTION_NAME,
-    DecodeStep,
-    KVCache,
-    PrefillStep,
-    SuffixPrefillStep,
-    register_attention,
-)
+from rl_backends_gen.native.attention import ATTENTION_NAME, register_attention
+from rl_backends_gen.native.cache import EngineCache
+from rl_backends_gen.native.layers import build_layer_caches
 from rl_backends_gen.native.rows import ActiveRows, RowInfo
 from rl_backends_gen.native.sampling import draw_uniforms, fresh_base_seed, sample_seed, sample_tokens
+from rl_backends_gen.native.steps import DecodeStep, PrefillStep
 from rl_backends_gen.requests import default_stop_token_ids, validate_prompts, validate_sampling
 from rl_backends_gen.stop_strings import RowText, StopStringMatcher
 from rl_backends_gen.weights import copy_weights_in_place
@@ -89,7 +86,6 @@ class NativeEngine:
         self.device = torch.device(device)
         self.dtype = DTYPES[dtype]
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, attn_implementation=ATTENTION_NAME)
-        _check_supported(model.config)
         self.model = model.to(self.device).eval().requires_grad_(False)
         self.decoder = self.model.get_decoder()
         self.head = self.model.get_output_embeddings()
@@ -104,10 +100,9 @@ class NativeEngine:
         self.default_stop_token_ids = default_stop_token_ids(self.tokenizer, config,
                                                              getattr(self.model, "generation_config", None))
         self._seed_generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.cache = KVCache(config.num_hidden_layers, max_batch_size, self.max_seq_len, num_kv_heads, head_dim,
-                             self.dtype, self.device)
+        # One cache per decoder layer, of its kind (see cache.py); refuses layers the engine lacks.
+        layers = build_layer_caches(self.model, max_batch_size, self.max_seq_len, self.dtype, self.device)
+        self.cache = EngineCache(layers, max_batch_size, self.max_seq_len, self.dtype)
         self.stats = EngineStats()
         self.asleep = False
         self._logits_buffer = self._work_buffer = None  # [max_batch_size, V] float32, made on first use
@@ -130,7 +125,7 @@ class NativeEngine:
         copy_weights_in_place(self.model, named_tensors)
 
     def sleep(self) -> None:
-        """Free the KV cache; on CUDA also move the weights to CPU memory."""
+        """Free the cache; on CUDA also move the weights to CPU memory."""
         self._check_alive()
         self.cache.free()
         self._logits_buffer = self._work_buffer = None
@@ -161,7 +156,7 @@ class NativeEngine:
     def _check_ready(self) -> None:
         self._check_alive()
         if self.asleep:
-            raise RuntimeError("the engine is asleep (its KV cache is freed); call wake() before generate()")
+            raise RuntimeError("the engine is asleep (its cache is freed); call wake() before generate()")
 
     def _base_seed(self, sampling: SamplingParams) -> int:
         if sampling.seed is not None:
@@ -271,24 +266,23 @@ class _GenerateCall:
         # Every prompt keeps at least its last token out of the shared prefix: its logits sample.
         start = common_prefix_length(prompts) if engine.share_prompt_prefix and len(prompts) > 1 else 0
         start = min(start, min(lengths) - 1)
+        lengths_t = torch.tensor(lengths, device=device)
         if start >= MIN_SHARED_PREFIX:
             prefix = torch.tensor(prompts[0][:start], device=device)[None]
-            engine._forward(prefix, torch.arange(start, device=device)[None],
-                            PrefillStep(self.cache, slots_t, torch.zeros_like(slots_t), start))
+            prefix_step = PrefillStep(self.cache, slots_t, torch.zeros_like(slots_t),
+                                      torch.tensor([start], device=device), start)
+            engine._forward(prefix, torch.arange(start, device=device)[None], prefix_step)
             first_slot_of_row = torch.tensor([slots_of_prompt[i][0] for i in prompt_indices], device=device)
         else:
-            start = 0
+            start, first_slot_of_row = 0, None
         width = max(lengths) - start
         input_ids = torch.zeros(len(prompts), width, dtype=torch.long)
         for row, prompt in enumerate(prompts):
             input_ids[row, : lengths[row] - start] = torch.tensor(prompt[start:])
         positions = torch.arange(start, start + width, device=device).expand(len(prompts), width)
-        if start:
-            step = SuffixPrefillStep(self.cache, slots_t, row_of_slot_t, first_slot_of_row, start, width)
-        else:
-            step = PrefillStep(self.cache, slots_t, row_of_slot_t, width)
+        step = PrefillStep(self.cache, slots_t, row_of_slot_t, lengths_t - start, width, start, first_slot_of_row)
         hidden = engine._forward(input_ids.to(device), positions, step)  # [P, width, hidden]
-        last = torch.tensor(lengths, device=device) - start - 1
+        last = lengths_t - start - 1
         logits = engine._logits(hidden[torch.arange(len(lengths), device=device), last])  # [P, V]
         self._sample_and_record(slots_t, logits[row_of_slot_t])
         engine.stats.prefill_forwards += 1 + (start > 0)
@@ -362,20 +356,6 @@ def common_prefix_length(sequences: list[list[int]]) -> int:
         if any(s[k] != token for s in sequences):
             return k
     return shortest
-
-
-def _check_supported(config) -> None:
-    """Refuse model features the engine's attention does not implement, rather than compute wrongly."""
-    layer_types = getattr(config, "layer_types", None) or []
-    if getattr(config, "use_sliding_window", False) or any(t != "full_attention" for t in layer_types):
-        raise NotImplementedError(
-            f"NativeEngine supports full-attention models only; {config.model_type} uses sliding-window layers. "
-            "Use the vllm or hf backend for it."
-        )
-    for feature in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if getattr(config, feature, None):
-            raise NotImplementedError(f"NativeEngine does not implement {feature} ({config.model_type}); "
-                                      "use the vllm or hf backend")
 
 
 def _load_tokenizer(tokenizer, model_path: str):

@@ -1,6 +1,6 @@
 """State of the rows of one ``generate`` call: tensors for what every step touches, lists for the rest.
 
-Active rows sit in slots ``0 .. R-1`` of the KV cache; when rows finish, the last active rows move
+Active rows sit in slots ``0 .. R-1`` of the cache; when rows finish, the last active rows move
 into the holes (see :meth:`ActiveRows.compact`).
 """
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rl_backends_gen.native.kv_cache import KVCache
+from rl_backends_gen.native.cache import EngineCache
 from rl_backends_gen.stop_strings import RowText
 
 
@@ -47,7 +47,7 @@ class ActiveRows:
         self.num_generated[rows] = step + 1
         self.last_token[rows] = tokens
 
-    def compact(self, finished: list[int], cache: KVCache) -> None:
+    def compact(self, finished: list[int], cache: EngineCache) -> None:
         """Remove ``finished`` rows, moving the last live rows into their slots."""
         finished_set = set(finished)
         new_count = self.count - len(finished)

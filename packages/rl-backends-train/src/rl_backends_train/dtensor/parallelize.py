@@ -10,11 +10,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from rl_backends_train.config import TrainBackendConfig
+from rl_backends_train.families import check_tensor_parallel_sizes, check_training_layout, tensor_parallel_layer_plan
 from rl_backends_train.fp8 import convert_linears_to_fp8
 from rl_backends_train.lora import apply_lora
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-_TP_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def build_mesh(cfg: TrainBackendConfig, device_type: str) -> DeviceMesh:
@@ -47,18 +47,18 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool = False) -> None:
-    """Megatron-style plan per decoder layer: q/k/v and gate/up column-wise, o/down row-wise
-    (one all-reduce after attention and one after the MLP). lm_head column-wise with replicated
-    (gathered) logits unless tied to the embeddings. Embeddings and norms stay replicated.
+    """Megatron-style plan per decoder layer, from HF's ``base_model_tp_plan`` (``families.py``): e.g.
+    q/k/v and gate/up column-wise, o/down row-wise (one all-reduce after attention and one after the
+    MLP). lm_head column-wise with replicated (gathered) logits unless tied to the embeddings.
+    Embeddings and norms stay replicated.
 
     ``sequence_parallel``: see ``_sequence_parallel_plans``."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
     config = model.config
     tp = tp_mesh.size()
-    if config.model_type not in _TP_FAMILIES:
-        raise ValueError(f"tensor parallel has plans for {_TP_FAMILIES}, not {config.model_type!r}")
+    layer_plan = tensor_parallel_layer_plan(config)  # refuses a family without a translatable plan first
     kv_heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
     if config.num_attention_heads % tp or kv_heads % tp:
         raise ValueError(
@@ -68,22 +68,23 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     if sequence_parallel:
         layer_plan, model_plan = _sequence_parallel_plans(model)
     else:
-        layer_plan = {
-            "self_attn.q_proj": ColwiseParallel(),
-            "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(),
-            "self_attn.o_proj": RowwiseParallel(),
-            "mlp.gate_proj": ColwiseParallel(),
-            "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel(),
-        }
         model_plan = {}
         if hasattr(model, "lm_head") and not config.tie_word_embeddings:
             model_plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
     for layer in decoder_layers(model):
-        parallelize_module(layer, tp_mesh, layer_plan)
+        plan = {name: style for name, style in layer_plan.items() if _has_submodule(layer, name)}
+        check_tensor_parallel_sizes(layer, plan, tp)
+        parallelize_module(layer, tp_mesh, plan)
     if model_plan:
         parallelize_module(model, tp_mesh, model_plan)
+
+
+def _has_submodule(module: nn.Module, name: str) -> bool:
+    try:
+        module.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
 
 
 def _sequence_parallel_plans(model: nn.Module) -> tuple[dict, dict]:
@@ -160,6 +161,7 @@ def build_parallel_model(model_path: str, cfg: TrainBackendConfig, mesh: DeviceM
                          trainable: bool = True) -> nn.Module:
     """Load the HF model and parallelise it in the one order this backend uses."""
     model = load_hf_model(model_path, cfg)
+    check_training_layout(model.config, cfg)
     # 1. LoRA: swap targeted Linears for LoRALinear while the module tree is plain.
     if trainable and cfg.lora is not None:
         apply_lora(model, cfg.lora)

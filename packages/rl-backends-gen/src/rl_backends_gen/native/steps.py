@@ -1,0 +1,78 @@
+"""What one forward of the engine is: which cache rows it reads and writes, at which positions.
+
+The engine passes a step object down through the model's ``forward`` kwargs (``rl_step=...``) to
+every token mixer; the mixers (``attention.py``, ``latent.py``, ``recurrent.py``) read the geometry
+here and their layer's entry of the cache. Masks are built once per step and shared by the layers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rl_backends_gen.native.cache import EngineCache
+
+
+class PrefillStep:
+    """Right-padded prompts ``[P, width]`` whose state goes to cache rows.
+
+    ``slots`` [A]: the destination rows; ``row_of_slot`` [A]: the prefill row each copies (the n
+    samples of one prompt share its prefill); ``lengths`` [P]: real tokens of each prefill row.
+
+    ``start > 0``: the rows continue a prefix of ``start`` tokens that an earlier ``PrefillStep``
+    wrote to every destination row (prompts that share it); ``first_slot_of_row`` [P] is a row
+    holding each prefill row's prefix. Queries see the cached prefix and, causally, their own tokens.
+    """
+
+    def __init__(self, cache: EngineCache, slots: torch.Tensor, row_of_slot: torch.Tensor, lengths: torch.Tensor,
+                 width: int, start: int = 0, first_slot_of_row: torch.Tensor | None = None):
+        self.cache, self.slots, self.row_of_slot = cache, slots, row_of_slot
+        self.lengths, self.width, self.start = lengths, width, start
+        self.first_slot_of_row = first_slot_of_row
+        self._masks: dict[int | None, torch.Tensor] = {}
+        cache.ensure_clean(start + width)  # before any write: every written position stays below clean_length
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """[width, start + width] bool over (cached prefix, new tokens), True = may attend: causal,
+        and within ``window`` when set (key position > query position - window)."""
+        if window not in self._masks:
+            device = self.slots.device
+            q = torch.arange(self.start, self.start + self.width, device=device)[:, None]
+            k = torch.arange(self.start + self.width, device=device)[None, :]
+            allowed = k <= q
+            if window is not None:
+                allowed &= k > q - window
+            self._masks[window] = allowed
+        return self._masks[window]
+
+    def real_tokens(self) -> torch.Tensor:
+        """[P, width] bool: True at each row's real (non-padding) tokens."""
+        return torch.arange(self.width, device=self.lengths.device)[None, :] < self.lengths[:, None]
+
+
+class DecodeStep:
+    """One new token for each of the active rows ``0 .. R-1``, at per-row ``positions`` [R]."""
+
+    def __init__(self, cache: EngineCache, positions: torch.Tensor):
+        self.cache = cache
+        self.positions = positions
+        self.rows = torch.arange(positions.shape[0], device=positions.device)
+        self.length = int(positions.max()) + 1
+        self.float_bias = cache.dtype == torch.float32
+        self._masks: dict[int | None, tuple[int, torch.Tensor]] = {}
+        cache.ensure_clean(self.length)
+
+    def mask(self, window: int | None) -> tuple[int, torch.Tensor]:
+        """``(first, mask)``: only positions ``first .. length - 1`` can be seen by any row; ``mask``
+        covers them: ``[R, 1, 1, length - first]``, an additive float32 bias (0 / -inf) when the cache
+        is float32 (the grouped-matmul path), else bool (True = may attend, for SDPA)."""
+        if window not in self._masks:
+            first = 0 if window is None else max(0, int(self.positions.min()) - window + 1)
+            k = torch.arange(first, self.length, device=self.positions.device)[None, :]
+            keep = k <= self.positions[:, None]  # [R, L']
+            if window is not None:
+                keep &= k > self.positions[:, None] - window
+            if self.float_bias:
+                keep = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device).masked_fill(~keep, float("-inf"))
+            self._masks[window] = (first, keep[:, None, None, :])
+        return self._masks[window]
+
