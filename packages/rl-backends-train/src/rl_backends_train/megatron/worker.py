@@ -105,13 +105,15 @@ def _read_hf_weights(model_path: str, load_file) -> dict[str, torch.Tensor]:
 
 
 def check_model_fits(cfg: TrainBackendConfig, model_path: str) -> None:
-    """In the driver: the decoder layers must split evenly over the pipeline stages, the experts over
-    the expert-parallel ranks; mixture-of-experts models run with tensor_parallel_size 1."""
+    """In the driver: the model's family must be one the backend builds (``families.check_family``), the
+    decoder layers must split evenly over the pipeline stages, the experts over the expert-parallel
+    ranks; mixture-of-experts models run with tensor_parallel_size 1."""
     from transformers import AutoConfig
 
-    from rl_backends_train.megatron import experts, stages
+    from rl_backends_train.megatron import experts, families, stages
 
     hf_config = AutoConfig.from_pretrained(model_path)
+    families.check_family(hf_config)
     stages.check_fits(hf_config, cfg.pipeline_parallel_size, cfg.virtual_pipeline_parallel_size)
     experts.check_fits(hf_config, cfg.expert_parallel_size)
     if experts.num_experts(hf_config) and cfg.tensor_parallel_size > 1:
