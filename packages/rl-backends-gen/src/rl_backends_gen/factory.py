@@ -26,11 +26,20 @@ def build_local_backend(cfg: GenerationConfig, model_path: str) -> GenerationBac
         from rl_backends_gen.sglang_backend import SglangBackend
 
         return SglangBackend.from_config(cfg, model_path)
-    raise ValueError(f"generation.backend={cfg.backend!r} is not one of native, vllm, sglang, hf")
+    if cfg.backend == "megatron":
+        raise ValueError("generation.backend=megatron runs in the training workers, not as a separate engine or "
+                         "replica: set generation.num_replicas=0 and build it with build_generation_backend(..., policy=)")
+    raise ValueError(f"generation.backend={cfg.backend!r} is not one of native, vllm, sglang, hf, megatron")
 
 
-def build_generation_backend(cfg: GenerationConfig, model_path: str) -> GenerationBackend:
-    """The backend ``cfg`` asks for: in-process when ``num_replicas == 0``, else a Ray replica group."""
+def build_generation_backend(cfg: GenerationConfig, model_path: str, policy=None) -> GenerationBackend:
+    """The backend ``cfg`` asks for: in-process when ``num_replicas == 0``, else a Ray replica group;
+    ``megatron``: the training ``policy``'s own workers decode (its ``generation_backend(cfg)``)."""
+    if cfg.backend == "megatron":
+        if not hasattr(policy, "generation_backend"):
+            raise ValueError("generation.backend=megatron decodes on the Megatron training workers: it needs "
+                             "policy.backend=megatron (and the training policy passed as policy=...)")
+        return policy.generation_backend(cfg)
     if cfg.num_replicas == 0:
         return build_local_backend(cfg, model_path)
     from rl_backends_gen.ray_group import RayGenerationGroup

@@ -273,6 +273,34 @@ class MegatronWorker(TrainWorker):
         tensors = load_file(str(Path(path) / "adapter_model.safetensors"))
         self.model.load_hf_state_dict({k.removeprefix("base_model.model."): v for k, v in tensors.items()})
 
+    # Generation on this rank's model (generation.backend: megatron; driver: megatron/generation.py).
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling, base_seed: int, slices: list[tuple[int, int]],
+                 max_batch_size: int, max_seq_len: int) -> tuple[list, dict] | None:
+        """This data-parallel rank's slice ``slices[dp_rank]`` of ``prompts`` decoded on the model
+        (``megatron/generate.py``), with its model-parallel group; ``(completions, stats)`` from the
+        first tensor-parallel rank of the first stage, None from the others. Weights offloaded for
+        generation come back to the device; optimizer state stays offloaded until ``onload``."""
+        from dataclasses import asdict
+
+        from rl_backends_train.megatron.generate import SliceDecoder, StageRunner
+        from rl_backends_train.megatron.generation import load_tokenizer
+
+        if self._offloaded_weights is not None:
+            self.model.to(self._offloaded_weights)  # onload() moves the rest (a no-op for these)
+        start, end = slices[self.dp_rank]
+        decoder = SliceDecoder(self.model, StageRunner(self.model, self.device), sampling=sampling,
+                               base_seed=base_seed, first_index=start, stop_ids=sampling.stop_token_ids,
+                               tokenizer=load_tokenizer(self.model_path), max_batch_size=max_batch_size,
+                               max_seq_len=max_seq_len)
+        self.model.eval()
+        with self._compute_precision():
+            results = decoder.generate_slice(prompts[start:end])
+        if self.on_gpu:
+            torch.cuda.empty_cache()  # the KV cache is gone: give its memory back before training
+        first_stage = self.model.model_chunks[0].stage.first
+        return (results, asdict(decoder.stats)) if self.tp_rank == 0 and first_stage else None
+
     # Pipeline parallel: the shared operations run their micro-batches through here.
     def _run_micro_batches(self, model, mbs, on_outputs, *, backward: bool, **output_kwargs) -> None:
         """With pipeline stages: megatron-core's 1F1B schedule (``megatron/pipeline.py``);
