@@ -153,3 +153,16 @@ def test_model_parallel_and_data_parallel_decode_as_one_rank(ray_session, tiny_t
     for samples, reference in zip(got, expected):
         for c, r in zip(samples, reference):
             assert c.logprobs == pytest.approx(r.logprobs, abs=1e-5)
+
+
+def test_bf16_policy_decodes_with_its_bf16_compute(tiny_model_dir):
+    """The fp32 masters are swapped for bf16 copies as in a training forward: logprobs near the bf16
+    training forward's, and the masters are fp32 again afterwards."""
+    with build_training_backend(megatron_config(BASE, dtype="bfloat16"), tiny_model_dir) as bf16:
+        results = generation_for(bf16, dtype="bfloat16").generate(PROMPTS, SamplingParams(max_new_tokens=8, seed=1))
+        batch, where = scored_batch(results)
+        trained = bf16.logprobs(batch)
+        weights = dict(bf16.named_weights())
+    for (r, s, n), samples in zip(where, results):
+        assert (trained[r, s:s + n] - torch.tensor(samples[0].logprobs)).abs().max() < 1e-2
+    assert {t.dtype for t in weights.values()} == {torch.float32}
