@@ -11,9 +11,8 @@ import re
 import pytest
 import torch
 from backend_testlib import (
-    MaskedNLL,
+    assert_megatron_steps_like_dtensor,
     assert_same_run,
-    assert_same_weights,
     make_batch,
     megatron_config,
     two_steps,
@@ -64,29 +63,11 @@ def qwen3_dirs(tmp_path_factory) -> dict[str, str]:
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "qwen3_moe_unnormalised"])
 def test_steps_equal_the_dtensor_backend(qwen3_dirs, family, skewed_lengths):
-    """The HF files load into the GPTModel and come back from named_weights bit-exactly (HF's in-memory
-    names: experts stacked); logprobs (1e-5), a step (loss, grad norm) and the weights after it (1e-6)
-    equal the DTensor backend's."""
-    from transformers import AutoModelForCausalLM
-
-    model_dir = qwen3_dirs[family]
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
-    batch = make_batch(VOCAB, skewed_lengths)
-    with build_training_backend(TrainBackendConfig(use_ray=False, **BASE), model_dir) as dtensor, \
-            build_training_backend(megatron(), model_dir) as policy:
-        initial = dict(policy.named_weights())
-        torch.testing.assert_close(policy.logprobs(batch), dtensor.logprobs(batch), rtol=0, atol=1e-5)
-        a, b = dtensor.train(batch, MaskedNLL()), policy.train(batch, MaskedNLL())
-        weights_a, weights_b = dict(dtensor.named_weights()), dict(policy.named_weights())
-    assert initial.keys() == hf.keys()
-    assert "model.layers.1.self_attn.q_norm.weight" in initial
-    for name, tensor in hf.items():
-        assert torch.equal(initial[name], tensor), name
-    assert b["loss"] == pytest.approx(a["loss"], rel=1e-6)
-    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
-    assert_same_weights(weights_b, weights_a, atol=1e-6)
-    # The q/k norms trained (a step that left them alone would still match at this tolerance otherwise).
-    assert not torch.equal(weights_b["model.layers.0.self_attn.k_norm.weight"], hf["model.layers.0.self_attn.k_norm.weight"])
+    """HF files -> GPTModel -> named_weights bit-exact (experts stacked as HF holds them); logprobs, a
+    step and the weights after it equal the DTensor backend's; the q/k norms trained."""
+    initial, after = assert_megatron_steps_like_dtensor(qwen3_dirs[family], make_batch(VOCAB, skewed_lengths), BASE)
+    for name in ("model.layers.0.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight"):
+        assert not torch.equal(after[name], initial[name]), name
 
 
 def test_qwen3_tensor_parallel_2_equals_one_rank(ray_session, tmp_path, skewed_lengths):

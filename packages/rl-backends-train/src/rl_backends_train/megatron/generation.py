@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from rl_backends_gen.native.sampling import fresh_base_seed
+from rl_backends_gen.native.sampling import call_base_seed
 from rl_backends_gen.requests import default_stop_token_ids, validate_prompts, validate_sampling
 from rl_core.types import Completion, SamplingParams
 
@@ -89,9 +89,10 @@ class MegatronGeneration:
             return []
         shards = self.policy.cfg.data_parallel_size
         bounds = [len(prompts) * d // shards for d in range(shards + 1)]
-        sampling_on_ranks = replace(sampling, stop_token_ids=tuple(sampling.stop_token_ids or self.default_stop_token_ids))
-        per_rank = self.policy.group.run_all("generate", prompts, sampling_on_ranks, self._base_seed(sampling),
-                                             list(zip(bounds, bounds[1:])), self.max_batch_size, self.max_seq_len)
+        on_ranks = replace(sampling, stop_token_ids=tuple(sampling.stop_token_ids or self.default_stop_token_ids))
+        base_seed = call_base_seed(sampling.seed, self._seed_generator)  # drawn once: every rank uses the same
+        per_rank = self.policy.group.run_all("generate", prompts, on_ranks, base_seed, list(zip(bounds, bounds[1:])),
+                                             self.max_batch_size, self.max_seq_len)
         parts = self.policy._per_data_shard(per_rank)
         self.stats = {key: sum(stats[key] for _, stats in parts) for key in parts[0][1]}
         return [completions for results, _ in parts for completions in results]
@@ -112,14 +113,6 @@ class MegatronGeneration:
 
     def shutdown(self) -> None:
         """The policy owns the workers (it shuts them down)."""
-
-    def _base_seed(self, sampling: SamplingParams) -> int:
-        """Drawn here, once per call, so that every rank uses the same."""
-        if sampling.seed is not None:
-            return sampling.seed
-        if self._seed_generator is not None:
-            return int(torch.randint(0, 2**62, (1,), generator=self._seed_generator))
-        return fresh_base_seed()
 
 
 @functools.lru_cache(maxsize=4)
