@@ -111,3 +111,26 @@ def test_qwen3_moe_with_dense_layers_is_refused(tmp_path):
     AutoConfig.for_model("qwen3_moe", mlp_only_layers=[0]).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"qwen3_moe with dense MLP layers \(mlp_only_layers=\[0\].*policy.backend=dtensor"):
         build_training_backend(megatron(), str(tmp_path))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_megatron_generation_of_the_family_equals_hf_greedy(qwen3_dirs, family):
+    """generation.backend=megatron on the family's GPTModel: HF generate's greedy tokens, logprobs of the
+    training forward (1e-5)."""
+    from transformers import AutoModelForCausalLM
+
+    from rl_backends_gen import GenerationConfig, build_generation_backend
+    from rl_core.types import SamplingParams
+
+    prompts = [[5, 17, 42, 99, 7], [8, 300, 12]]
+    hf = AutoModelForCausalLM.from_pretrained(qwen3_dirs[family], dtype=torch.float32).eval()
+    with build_training_backend(megatron(), qwen3_dirs[family]) as policy:
+        generation = build_generation_backend(GenerationConfig(backend="megatron"), qwen3_dirs[family], policy=policy)
+        results = generation.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=(2,)))
+        for prompt, (completion,) in zip(prompts, results):
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=2,
+                                   pad_token_id=3)[0, len(prompt):].tolist()
+            assert completion.token_ids == expected
+            ids = torch.tensor([prompt + completion.token_ids])
+            trained = policy.logprobs({"input_ids": ids, "attention_mask": torch.ones_like(ids)})[0, len(prompt):]
+            torch.testing.assert_close(trained, torch.tensor(completion.logprobs), rtol=0, atol=1e-5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rl_backends_gen.config import GenerationConfig
+from rl_core.config import ConfigError, ConfigProblem
 from rl_core.protocols import GenerationBackend
 
 
@@ -37,8 +38,9 @@ def build_generation_backend(cfg: GenerationConfig, model_path: str, policy=None
     ``megatron``: the training ``policy``'s own workers decode (its ``generation_backend(cfg)``)."""
     if cfg.backend == "megatron":
         if not hasattr(policy, "generation_backend"):
-            raise ValueError("generation.backend=megatron decodes on the Megatron training workers: it needs "
-                             "policy.backend=megatron (and the training policy passed as policy=...)")
+            raise ConfigError(ConfigProblem(where="config", key="generation.backend", message=(
+                "megatron decodes on the Megatron training workers: it needs policy.backend=megatron and a command "
+                "that passes its policy (rl grpo); use native here")))
         return policy.generation_backend(cfg)
     if cfg.num_replicas == 0:
         return build_local_backend(cfg, model_path)
