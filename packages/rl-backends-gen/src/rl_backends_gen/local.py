@@ -26,4 +26,7 @@ def build_local_backend(cfg: GenerationConfig, model_path: str) -> GenerationBac
         from rl_backends_gen.sglang_backend import SglangBackend
 
         return SglangBackend.from_config(cfg, model_path)
-    raise ValueError(f"generation.backend={cfg.backend!r} is not one of native, vllm, sglang, hf")
+    if cfg.backend == "megatron":
+        raise ValueError("generation.backend=megatron runs in the training workers, not as a separate engine or "
+                         "replica: set generation.num_replicas=0 and build it with build_generation_backend(..., policy=)")
+    raise ValueError(f"generation.backend={cfg.backend!r} is not one of native, vllm, sglang, hf, megatron")

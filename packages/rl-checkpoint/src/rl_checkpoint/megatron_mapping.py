@@ -1,4 +1,6 @@
-"""HF <-> Megatron-core GPTModel parameter names and layouts for the Llama, Qwen2 and Mixtral families.
+"""HF <-> Megatron-core GPTModel parameter names and layouts for the Llama, Qwen2, Qwen3, Mixtral and
+Qwen3-MoE families (``MAPPED_FAMILIES``; ``check_family`` refuses the others with the layer type that
+megatron-core's GPT layer spec cannot express, and names the DTensor backend instead).
 
 Megatron fuses what HF keeps apart:
 
@@ -7,20 +9,23 @@ Megatron fuses what HF keeps apart:
   num_key_value_heads, ``H`` = num_attention_heads, ``D`` = head_dim). Qwen2's q/k/v biases are
   fused the same way into ``linear_qkv.bias``.
 * ``mlp.linear_fc1.weight`` ``[2 * intermediate, hidden]`` is ``cat([gate_proj, up_proj])``.
+* Qwen3's per-head q/k RMSNorms (``self_attn.q_norm`` / ``k_norm``, ``[head_dim]``) are megatron-core's
+  ``self_attention.q_layernorm`` / ``k_layernorm`` (``qk_layernorm``), unchanged.
 * The norm before attention / MLP is ``linear_qkv.layer_norm_weight`` / ``linear_fc1.layer_norm_weight``
   with Transformer Engine's fused spec ("te") and ``input_layernorm.weight`` /
   ``pre_mlp_layernorm.weight`` with the local spec ("local"). Both are read; ``layer_spec`` picks
   which one is written.
 
-Mixture-of-experts layers (Mixtral; megatron-core's local ``SequentialMLP``):
+Mixture-of-experts layers (Mixtral, Qwen3-MoE; megatron-core's local ``SequentialMLP``):
 
-* the router ``mlp.router.weight`` ``[E, hidden]`` is HF's ``mlp.gate.weight`` (on disk
+* the router ``mlp.router.weight`` ``[E, hidden]`` is HF's ``mlp.gate.weight`` (Mixtral on disk:
   ``block_sparse_moe.gate.weight``);
 * expert ``j``'s ``mlp.experts.local_experts.{j}.linear_fc1.weight`` is ``cat([gate_j, up_j])`` and
   ``linear_fc2.weight`` its down projection. HF keeps the experts of a layer stacked in memory,
   ``mlp.experts.gate_up_proj`` ``[E, 2 * ffn, hidden]`` (gate rows first) and
-  ``mlp.experts.down_proj`` ``[E, hidden, ffn]``, and per expert on disk
-  (``block_sparse_moe.experts.{j}.w1`` = gate, ``w3`` = up, ``w2`` = down). Both spellings are read;
+  ``mlp.experts.down_proj`` ``[E, hidden, ffn]``, and per expert on disk (Mixtral:
+  ``block_sparse_moe.experts.{j}.w1`` = gate, ``w3`` = up, ``w2`` = down; Qwen3-MoE:
+  ``mlp.experts.{j}.gate_proj`` / ``up_proj`` / ``down_proj``). All spellings are read;
   the stacked in-memory one is written (``from_pretrained`` loads it, and it is what HF models and
   the generation engines hold, so refit names match).
 
@@ -59,8 +64,37 @@ _DIRECT = {  # per-layer megatron suffix -> HF suffix (no layout change)
 }
 _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _EXPERT_RE = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
-_HF_EXPERT_RE = re.compile(r"^block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
+_HF_EXPERT_RE = re.compile(r"^(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|down_proj|up_proj)\.weight$")
+_EXPERT_PART = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+
+MAPPED_FAMILIES = ("llama", "qwen2", "qwen3", "mixtral", "qwen3_moe")
+"""HF ``model_type``s with a megatron-core GPTModel counterpart (local layer spec)."""
+_UNMAPPED_LAYERS = {  # model_type -> the layers that have no counterpart in megatron-core's GPT layer spec here
+    "qwen3_5": "gated delta-net linear-attention layers (a hybrid with full attention)",
+    "qwen3_5_text": "gated delta-net linear-attention layers (a hybrid with full attention)",
+    "qwen3_5_moe": "gated delta-net linear-attention layers (a hybrid with full attention)",
+    "qwen3_5_moe_text": "gated delta-net linear-attention layers (a hybrid with full attention)",
+    "qwen3_next": "gated delta-net linear-attention layers (a hybrid with full attention)",
+    "nemotron_h": "Mamba-2 state-space layers (a hybrid with attention)",
+    "glm4_moe_lite": "multi-head latent attention (MLA) layers and MoE with shared experts",
+    "gemma3": "sliding-window attention layers (interleaved with global ones)",
+    "gemma3_text": "sliding-window attention layers (interleaved with global ones)",
+    "gpt_oss": "sliding-window attention layers with attention sinks",
+}
 _HF_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+
+def check_family(hf_config: dict) -> None:
+    """Raise one CheckpointError naming the family, its layer type and what to use instead, unless
+    ``hf_config`` (an HF config dict) is of a family this mapping covers (``MAPPED_FAMILIES``)."""
+    family = hf_config.get("model_type")
+    if family is None or family in MAPPED_FAMILIES:
+        return
+    layers = _UNMAPPED_LAYERS.get(family, "layers")
+    raise CheckpointError(
+        f"{family}: its {layers} have no megatron-core GPTModel counterpart here (the Megatron backend and "
+        f"this mapping cover {', '.join(MAPPED_FAMILIES)}); use the DTensor backend (policy.backend=dtensor), whose checkpoints "
+        "rl-checkpoint converts without --megatron")
 
 
 def _heads(hf_config: dict) -> tuple[int, int, int]:
@@ -99,7 +133,8 @@ def split_qkv(qkv: torch.Tensor, hf_config: dict) -> tuple[torch.Tensor, torch.T
 
 def hf_to_megatron(state_dict: dict[str, torch.Tensor], hf_config: dict, *,
                    layer_spec: LayerSpec = "local") -> dict[str, torch.Tensor]:
-    """HF Llama/Qwen2/Mixtral tensors -> megatron-core GPTModel tensors (per-layer names, no prefix)."""
+    """HF tensors of a ``MAPPED_FAMILIES`` model -> megatron-core GPTModel tensors (per-layer names, no prefix)."""
+    check_family(hf_config)
     attn_norm, mlp_norm = _NORM_NAMES[layer_spec]
     tied = bool(hf_config.get("tie_word_embeddings", False))
     out: dict[str, torch.Tensor] = {}
@@ -118,7 +153,7 @@ def hf_to_megatron(state_dict: dict[str, torch.Tensor], hf_config: dict, *,
             if not tied:
                 out["output_layer.weight"] = tensor
         else:
-            raise CheckpointError(f"HF tensor {name} has no Megatron counterpart (only Llama/Qwen2 are mapped)")
+            raise CheckpointError(f"HF tensor {name} has no Megatron counterpart (the mapped families: {', '.join(MAPPED_FAMILIES)})")
     for i, t in sorted(layers.items()):
         p = f"decoder.layers.{i}."
         attn = "self_attn."
@@ -153,7 +188,7 @@ def _experts_to_megatron(t: dict[str, torch.Tensor], layer: int) -> dict[str, to
         router = t.pop("block_sparse_moe.gate.weight", None)
     if router is None:
         raise CheckpointError(f"HF layer {layer} has neither an MLP (mlp.gate_proj) nor a router (mlp.gate / "
-                              "block_sparse_moe.gate): not a Llama/Qwen2/Mixtral layer")
+                              "block_sparse_moe.gate): not a layer of the mapped families")
     out["mlp.router.weight"] = router
     if "mlp.experts.gate_up_proj" in t:
         for j, (gate_up, down) in enumerate(zip(t.pop("mlp.experts.gate_up_proj"), t.pop("mlp.experts.down_proj"),
@@ -164,13 +199,13 @@ def _experts_to_megatron(t: dict[str, torch.Tensor], layer: int) -> dict[str, to
     per_expert: dict[int, dict[str, torch.Tensor]] = {}
     for suffix in [k for k in t if _HF_EXPERT_RE.match(k)]:
         m = _HF_EXPERT_RE.match(suffix)
-        per_expert.setdefault(int(m.group(1)), {})[m.group(2)] = t.pop(suffix)
+        per_expert.setdefault(int(m.group(1)), {})[_EXPERT_PART[m.group(2)]] = t.pop(suffix)
     if sorted(per_expert) != list(range(router.shape[0])):
         raise CheckpointError(f"HF layer {layer}: the router has {router.shape[0]} experts but the tensors hold "
                               f"experts {sorted(per_expert)}")
     for j, w in sorted(per_expert.items()):
-        out[f"mlp.experts.local_experts.{j}.linear_fc1.weight"] = torch.cat([w["w1"], w["w3"]])
-        out[f"mlp.experts.local_experts.{j}.linear_fc2.weight"] = w["w2"]
+        out[f"mlp.experts.local_experts.{j}.linear_fc1.weight"] = torch.cat([w["gate"], w["up"]])
+        out[f"mlp.experts.local_experts.{j}.linear_fc2.weight"] = w["down"]
     return out
 
 
@@ -218,7 +253,8 @@ def unstack_layers(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 
 def megatron_to_hf(state_dict: dict[str, torch.Tensor], hf_config: dict) -> dict[str, torch.Tensor]:
-    """megatron-core GPTModel tensors (stacked or per-layer, any prefix) -> HF Llama/Qwen2/Mixtral tensors."""
+    """megatron-core GPTModel tensors (stacked or per-layer, any prefix) -> HF tensors of a ``MAPPED_FAMILIES`` model."""
+    check_family(hf_config)
     sd = unstack_layers({strip_prefixes(k): v for k, v in state_dict.items() if not k.endswith("_extra_state")})
     tied = bool(hf_config.get("tie_word_embeddings", False))
     out: dict[str, torch.Tensor] = {}
@@ -235,7 +271,7 @@ def megatron_to_hf(state_dict: dict[str, torch.Tensor], hf_config: dict) -> dict
             if not tied:
                 out["lm_head.weight"] = tensor
         else:
-            raise CheckpointError(f"Megatron tensor {name} has no HF Llama/Qwen2 counterpart")
+            raise CheckpointError(f"Megatron tensor {name} has no HF counterpart (the mapped families: {', '.join(MAPPED_FAMILIES)})")
     if not tied and "lm_head.weight" not in out and "model.embed_tokens.weight" in out:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]  # shared in Megatron, separate in this HF config
     for i, t in sorted(layers.items()):

@@ -26,7 +26,7 @@ from rl_backends_gen.native.attention import ATTENTION_NAME, register_attention
 from rl_backends_gen.native.cache import EngineCache
 from rl_backends_gen.native.layers import build_layer_caches
 from rl_backends_gen.native.rows import ActiveRows, RowInfo
-from rl_backends_gen.native.sampling import draw_uniforms, fresh_base_seed, sample_seed, sample_tokens
+from rl_backends_gen.native.sampling import call_base_seed, draw_uniforms, sample_seed, sample_tokens
 from rl_backends_gen.native.steps import DecodeStep, PrefillStep
 from rl_backends_gen.requests import default_stop_token_ids, validate_prompts, validate_sampling
 from rl_backends_gen.stop_strings import RowText, StopStringMatcher
@@ -159,11 +159,7 @@ class NativeEngine:
             raise RuntimeError("the engine is asleep (its cache is freed); call wake() before generate()")
 
     def _base_seed(self, sampling: SamplingParams) -> int:
-        if sampling.seed is not None:
-            return sampling.seed
-        if self._seed_generator is not None:
-            return int(torch.randint(0, 2**62, (1,), generator=self._seed_generator))
-        return fresh_base_seed()
+        return call_base_seed(sampling.seed, self._seed_generator)
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, step) -> torch.Tensor:
         """Final hidden states ``[B, L, hidden]`` of the decoder, attention routed through ``step``."""

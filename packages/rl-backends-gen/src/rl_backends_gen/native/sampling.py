@@ -33,6 +33,16 @@ def fresh_base_seed() -> int:
     return int.from_bytes(os.urandom(7), "little")
 
 
+def call_base_seed(seed: int | None, generator: torch.Generator | None) -> int:
+    """The base seed of one generate call: ``SamplingParams.seed`` when given, else one drawn from the
+    backend's seeded ``generator``, else fresh entropy."""
+    if seed is not None:
+        return seed
+    if generator is not None:
+        return int(torch.randint(0, 2**62, (1,), generator=generator))
+    return fresh_base_seed()
+
+
 def sample_seed(base_seed: int, prompt_index: int, sample_index: int) -> int:
     """Seed of sample ``sample_index`` of prompt ``prompt_index``: a mix of ``(base_seed + prompt_index,
     sample_index)``, so the same pair always gives the same stream whatever the batch holds."""

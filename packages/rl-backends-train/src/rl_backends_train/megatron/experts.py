@@ -56,15 +56,16 @@ class ExpertShard:
 
 
 def num_experts(hf_config) -> int:
-    """Experts per MoE layer of an HF config (0 for dense models)."""
-    return int(getattr(hf_config, "num_local_experts", 0) or 0)
+    """Experts per MoE layer of an HF config (0 for dense models): Mixtral's ``num_local_experts``,
+    Qwen3-MoE's ``num_experts``."""
+    return int(getattr(hf_config, "num_local_experts", 0) or getattr(hf_config, "num_experts", 0) or 0)
 
 
 def check_fits(hf_config, expert_parallel_size: int) -> None:
     experts = num_experts(hf_config)
     if expert_parallel_size > 1 and not experts:
         raise ValueError(f"expert_parallel_size={expert_parallel_size} needs a mixture-of-experts model "
-                         f"(Mixtral); {hf_config.model_type} has no experts: set expert_parallel_size=1")
+                         f"(Mixtral, Qwen3-MoE); {hf_config.model_type} has no experts: set expert_parallel_size=1")
     if experts % expert_parallel_size:
         raise ValueError(f"expert_parallel_size={expert_parallel_size} must divide the model's {experts} experts "
                          "per layer (each rank holds the same number)")

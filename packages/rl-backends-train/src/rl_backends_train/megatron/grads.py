@@ -21,10 +21,11 @@ def reduce_gradients(model: MegatronCausalLM, trainable: list[torch.nn.Parameter
     expert's over ``expert_dp_group``, the ranks holding the same experts); with tied embeddings split over pipeline
     stages, sum the gradients of the first stage's embedding and the last stage's copy over
     Megatron's embedding group, so both copies take the same step (as one shared tensor would)."""
-    # Sequence parallel: a norm weight's gradient covers this rank's positions only; sum over TP.
+    # Sequence parallel: a norm weight's gradient covers this rank's positions only; q/k norms (Qwen3)
+    # are replicated but each TP rank normalises its own heads: sum both over TP.
     if tp_group is not None and dist.get_world_size(tp_group) > 1:
-        for param in trainable:
-            if getattr(param, "sequence_parallel", False) and param.grad is not None:
+        for param in _partial_over_tp(model):
+            if param.requires_grad and param.grad is not None:
                 dist.all_reduce(param.grad, group=tp_group)
     expert_params = {id(p) for chunk in model.model_chunks for name, p in chunk.gpt.named_parameters()
                      if experts.is_expert(name)}
@@ -42,6 +43,12 @@ def reduce_gradients(model: MegatronCausalLM, trainable: list[torch.nn.Parameter
                 if weight.grad is None:
                     weight.grad = torch.zeros_like(weight)
                 dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+
+
+def _partial_over_tp(model: MegatronCausalLM) -> list[torch.nn.Parameter]:
+    """Replicated parameters whose gradient on one tensor-parallel rank is a part of the whole."""
+    return [p for chunk in model.model_chunks for name, p in chunk.gpt.named_parameters()
+            if getattr(p, "sequence_parallel", False) or ".q_layernorm." in name or ".k_layernorm." in name]
 
 
 def weighted_gradients(model: MegatronCausalLM, dp_group, tp_group, ep_group=None, expert_dp_group=None

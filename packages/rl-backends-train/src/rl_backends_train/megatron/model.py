@@ -1,4 +1,5 @@
-"""A megatron-core GPTModel built from an HF Llama/Qwen2 config, wearing an HF-style interface.
+"""A megatron-core GPTModel built from an HF config (the families of ``megatron/families.py``), wearing an
+HF-style interface.
 
 ``MegatronCausalLM.forward(input_ids, attention_mask, position_ids)`` returns an object with
 ``.logits`` like an HF causal LM, so micro-batching, packing and the logprob code are shared with
@@ -35,102 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from rl_backends_train.megatron import context, experts, fp8, lora, stages, tp_shards
-
-_FAMILIES = ("llama", "qwen2", "mixtral")
-
-
-def rope_theta(config) -> float:
-    params = getattr(config, "rope_parameters", None) or {}
-    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-
-
-def transformer_config(hf_config, dtype: torch.dtype, *, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-                       context_parallel_size: int = 1, expert_parallel_size: int = 1, recompute: bool = False,
-                       virtual_pipeline_size: int = 1, sequence_parallel: bool = False, quantization: dict | None = None):
-    """megatron-core TransformerConfig equal to the HF model (RMSNorm, SwiGLU, RoPE, GQA).
-
-    ``recompute``: Megatron's full recompute of every decoder layer in backward (``uniform``, one
-    layer per unit), the same granularity as the DTensor backend's activation checkpointing.
-    ``pipeline_parallel_size > 1``: the settings ``megatron/pipeline.py`` runs the schedule with.
-    ``quantization``: FP8 fields (``fp8.transformer_config_fields``)."""
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    if hf_config.model_type not in _FAMILIES:
-        raise ValueError(f"the Megatron backend maps {_FAMILIES} models, not {hf_config.model_type!r}")
-    if (getattr(hf_config, "rope_parameters", None) or {}).get("rope_type", "default") != "default":
-        raise ValueError("the Megatron backend supports plain RoPE only (no rope scaling)")
-    if getattr(hf_config, "sliding_window", None) is not None and hf_config.model_type == "mixtral":
-        raise ValueError("the Megatron backend runs full attention; this Mixtral config sets sliding_window="
-                         f"{hf_config.sliding_window}")
-    if getattr(hf_config, "router_jitter_noise", 0.0):
-        raise ValueError("the Megatron backend's router has no jitter noise; this config sets router_jitter_noise="
-                         f"{hf_config.router_jitter_noise}")
-    heads = hf_config.num_attention_heads
-    moe_kwargs = {}
-    if experts.num_experts(hf_config):
-        moe_kwargs = {
-            "num_moe_experts": experts.num_experts(hf_config),
-            "moe_router_topk": hf_config.num_experts_per_tok,
-            "moe_ffn_hidden_size": hf_config.intermediate_size,
-            # Top-k of the router logits, then softmax over those k: HF's softmax over all experts
-            # renormalised over the top k, exactly. No load-balancing loss, no token dropping.
-            "moe_router_score_function": "softmax",
-            "moe_router_pre_softmax": False,
-            "moe_router_load_balancing_type": "none",
-            "moe_aux_loss_coeff": 0.0,
-            "moe_token_dispatcher_type": "alltoall",
-            "moe_grouped_gemm": False,
-            "expert_model_parallel_size": expert_parallel_size,
-        }
-    recompute_kwargs = {}
-    if recompute:
-        recompute_kwargs = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
-    pipeline_kwargs = {}
-    if pipeline_parallel_size > 1:
-        pipeline_kwargs = {
-            "pipeline_model_parallel_size": pipeline_parallel_size,
-            "pipeline_dtype": dtype,
-            # Micro-batches differ in length and rows: stages send the activation's shape first.
-            "variable_seq_lengths": True,
-            # No MoE layers; TransformerConfig rejects its default dispatcher with variable lengths.
-            "moe_token_dispatcher_type": "alltoall",
-            # Losses are already divided by global counts: the schedule must not divide them again
-            # (by the number of micro-batches, or by a token count).
-            "calculate_per_token_loss": True,
-        }
-        if virtual_pipeline_size > 1:
-            pipeline_kwargs["virtual_pipeline_model_parallel_size"] = virtual_pipeline_size
-    return TransformerConfig(
-        tensor_model_parallel_size=tensor_parallel_size,
-        sequence_parallel=sequence_parallel,
-        context_parallel_size=context_parallel_size,
-        num_layers=hf_config.num_hidden_layers,
-        hidden_size=hf_config.hidden_size,
-        num_attention_heads=heads,
-        num_query_groups=getattr(hf_config, "num_key_value_heads", None) or heads,
-        kv_channels=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
-        ffn_hidden_size=hf_config.intermediate_size,
-        normalization="RMSNorm",
-        layernorm_epsilon=hf_config.rms_norm_eps,
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        add_qkv_bias=hf_config.model_type == "qwen2",
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
-        # No fused CUDA kernels: the same math runs on CPU and GPU.
-        bias_activation_fusion=False,
-        apply_rope_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        gradient_accumulation_fusion=False,
-        params_dtype=dtype,
-        bf16=dtype == torch.bfloat16,
-        use_cpu_initialization=True,
-        **recompute_kwargs,
-        **(pipeline_kwargs | moe_kwargs | (quantization or {})),
-    )
+from rl_backends_train.megatron import context, experts, families, fp8, lora, stages, tp_shards
 
 
 class MegatronCausalLM(nn.Module):
@@ -168,13 +74,13 @@ class MegatronCausalLM(nn.Module):
         if self.experts.num_experts:
             experts.patch_router_without_transformer_engine()
         layer_spec = get_gpt_layer_local_spec(num_experts=self.experts.num_experts or None, moe_grouped_gemm=False,
-                                              normalization="RMSNorm")
+                                              qk_layernorm=families.qk_layernorm(hf_config), normalization="RMSNorm")
         if self.cp_size > 1:
             layer_spec.submodules.self_attention.submodules.core_attention = context.attention_class()
         quantization = fp8.transformer_config_fields(precision)
         if quantization:  # only Transformer Engine modules compute in FP8
             layer_spec = fp8.with_te_linears(layer_spec)
-        config = transformer_config(hf_config, dtype, tensor_parallel_size=self.tp_size, pipeline_parallel_size=pp_size,
+        config = families.transformer_config(hf_config, dtype, tensor_parallel_size=self.tp_size, pipeline_parallel_size=pp_size,
                                     context_parallel_size=self.cp_size, expert_parallel_size=ep_size,
                                     recompute=recompute, virtual_pipeline_size=chunks,
                                     sequence_parallel=self.sequence_parallel,
@@ -190,7 +96,7 @@ class MegatronCausalLM(nn.Module):
             post_process=pp_rank == pp_size - 1 and chunk == chunks - 1,
             vp_stage=chunk if chunks > 1 else None,
             position_embedding_type="rope",
-            rotary_base=int(rope_theta(hf_config)),
+            rotary_base=int(families.rope_theta(hf_config)),
             # With several stages the last one keeps its own copy of tied embeddings (stages.py), loaded
             # from the HF weights like the first stage's; Megatron's own set-up of that copy (an
             # all-reduce after moving it to CUDA) is not needed then.

@@ -18,7 +18,7 @@ Every stage of a pipeline sees the same data shard and plans the same micro-batc
 included), so the stages agree on each micro-batch's shape and mask. The first stage embeds the
 tokens, later ones start from the received activation; only the last computes ``ModelOutputs`` and
 calls ``on_outputs`` (the loss, or keeping logprobs). The loss goes back to the schedule untouched:
-with ``calculate_per_token_loss`` (``model.transformer_config``) Megatron neither divides it by the
+with ``calculate_per_token_loss`` (``families.transformer_config``) Megatron neither divides it by the
 number of micro-batches nor by a token count, as our losses are already divided by global counts.
 Results live on the last stage; ``from_last_stage`` gives them to every stage.
 """

@@ -18,6 +18,14 @@ class MegatronPolicy(TrainPolicy):
         fp8.check_before_start(cfg)  # Transformer Engine importable, GPU ranks
         check_model_fits(cfg, model_path)
 
+    def generation_backend(self, cfg):
+        """``generation.backend: megatron``: a GenerationBackend decoding on these workers' own model
+        (``megatron/generation.py``), from the ``generation:`` section (``rl_backends_gen.GenerationConfig``)."""
+        from rl_backends_train.megatron.generation import MegatronGeneration, check_generation_config
+
+        check_generation_config(self.cfg, dtype=cfg.dtype, num_replicas=cfg.num_replicas)
+        return MegatronGeneration(self, max_batch_size=cfg.max_batch_size, max_seq_len=cfg.max_seq_len, seed=cfg.seed)
+
     def load_adapter(self, path: str) -> None:
         """Replace the LoRA adapters by a PEFT-format adapter directory (``save_adapter``'s files, from
         either backend) whose rank, alpha and target modules equal ``policy.lora``."""

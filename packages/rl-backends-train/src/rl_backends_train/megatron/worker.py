@@ -106,13 +106,15 @@ def _read_hf_weights(model_path: str, load_file) -> dict[str, torch.Tensor]:
 
 
 def check_model_fits(cfg: TrainBackendConfig, model_path: str) -> None:
-    """In the driver: the decoder layers must split evenly over the pipeline stages, the experts over
-    the expert-parallel ranks; mixture-of-experts models run with tensor_parallel_size 1."""
+    """In the driver: the model's family must be one the backend builds (``families.check_family``), the
+    decoder layers must split evenly over the pipeline stages, the experts over the expert-parallel
+    ranks; mixture-of-experts models run with tensor_parallel_size 1."""
     from transformers import AutoConfig
 
-    from rl_backends_train.megatron import experts, stages
+    from rl_backends_train.megatron import experts, families, stages
 
     hf_config = AutoConfig.from_pretrained(model_path)
+    families.check_family(hf_config)
     stages.check_fits(hf_config, cfg.pipeline_parallel_size, cfg.virtual_pipeline_parallel_size)
     experts.check_fits(hf_config, cfg.expert_parallel_size)
     if experts.num_experts(hf_config) and cfg.tensor_parallel_size > 1:
@@ -271,6 +273,34 @@ class MegatronWorker(TrainWorker):
                              f"(saved, configured): {differ}")
         tensors = load_file(str(Path(path) / "adapter_model.safetensors"))
         self.model.load_hf_state_dict({k.removeprefix("base_model.model."): v for k, v in tensors.items()})
+
+    # Generation on this rank's model (generation.backend: megatron; driver: megatron/generation.py).
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling, base_seed: int, slices: list[tuple[int, int]],
+                 max_batch_size: int, max_seq_len: int) -> tuple[list, dict] | None:
+        """This data-parallel rank's slice ``slices[dp_rank]`` of ``prompts`` decoded on the model
+        (``megatron/generate.py``), with its model-parallel group; ``(completions, stats)`` from the
+        first tensor-parallel rank of the first stage, None from the others. Weights offloaded for
+        generation come back to the device; optimizer state stays offloaded until ``onload``."""
+        from dataclasses import asdict
+
+        from rl_backends_train.megatron.generate import SliceDecoder, StageRunner
+        from rl_backends_train.megatron.generation import load_tokenizer
+
+        if self._offloaded_weights is not None:
+            self.model.to(self._offloaded_weights)  # onload() moves the rest (a no-op for these)
+        start, end = slices[self.dp_rank]
+        decoder = SliceDecoder(self.model, StageRunner(self.model, self.device), sampling=sampling,
+                               base_seed=base_seed, first_index=start, stop_ids=sampling.stop_token_ids,
+                               tokenizer=load_tokenizer(self.model_path), max_batch_size=max_batch_size,
+                               max_seq_len=max_seq_len)
+        self.model.eval()
+        with self._compute_precision():
+            results = decoder.generate_slice(prompts[start:end])
+        if self.on_gpu:
+            torch.cuda.empty_cache()  # the KV cache is gone: give its memory back before training
+        first_stage = self.model.model_chunks[0].stage.first
+        return (results, asdict(decoder.stats)) if self.tp_rank == 0 and first_stage else None
 
     # Pipeline parallel: the shared operations run their micro-batches through here.
     def _run_micro_batches(self, model, mbs, on_outputs, *, backward: bool, **output_kwargs) -> None:
