@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,13 +56,17 @@ class LoRALinear(nn.Linear):
         return (weight.float() + delta).to(weight.dtype)
 
 
-def apply_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
-    """Freeze ``model`` and replace every targeted nn.Linear by a LoRALinear. Returns their names."""
+def apply_lora(model: nn.Module, cfg: LoRAConfig, within: str | None = None) -> list[str]:
+    """Freeze ``model`` and replace every targeted nn.Linear by a LoRALinear. Returns their names.
+
+    ``within``: only modules under this qualified name (a vision-language model's language model)."""
     for p in model.parameters():
         p.requires_grad_(False)
     targets = set(cfg.target_modules)
     replaced = []
     for name, module in list(model.named_modules()):
+        if within is not None and not name.startswith(f"{within}."):
+            continue
         if name.rsplit(".", 1)[-1] in targets and type(module) is nn.Linear:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
@@ -102,8 +107,12 @@ def merge_full_state_dict(model: nn.Module, full: dict[str, torch.Tensor]) -> It
         yield name, tensor
 
 
-def adapter_config(cfg: LoRAConfig, base_model_path: str, task: str) -> dict:
-    """A PEFT-compatible adapter_config.json."""
+def adapter_config(cfg: LoRAConfig, base_model_path: str, task: str, within: str | None = None) -> dict:
+    """A PEFT-compatible adapter_config.json. ``within`` (adapters only under that module, see ``apply_lora``):
+    ``target_modules`` is then PEFT's regex form, matched against the whole module name."""
+    targets: list[str] | str = sorted(cfg.target_modules)
+    if within is not None:
+        targets = rf"{re.escape(within)}\..*\.({'|'.join(re.escape(t) for t in targets)})"
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM" if task == "causal_lm" else "SEQ_CLS",
@@ -111,7 +120,7 @@ def adapter_config(cfg: LoRAConfig, base_model_path: str, task: str) -> dict:
         "r": cfg.rank,
         "lora_alpha": cfg.alpha,
         "lora_dropout": cfg.dropout,
-        "target_modules": sorted(cfg.target_modules),
+        "target_modules": targets,
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,

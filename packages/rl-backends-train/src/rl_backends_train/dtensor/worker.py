@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 
 from rl_backends_train.dtensor.parallelize import build_mesh, build_parallel_model
 from rl_backends_train.lora import is_adapter_name, lora_modules, set_adapters_enabled
