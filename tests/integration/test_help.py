@@ -83,7 +83,7 @@ def test_a_recipe_of_another_command_is_one_line(tmp_path, capsys, monkeypatch):
     assert main(["sft", "--config", "grpo"]) == 2
     err = capsys.readouterr().err
     assert err == ("rl sft: --config grpo: grpo.yaml is a recipe of `rl grpo`, not of `rl sft`; run "
-                   "`rl grpo --config grpo`, or pick a recipe of rl sft: sft_tiny.yaml, sft_tiny_lora.yaml "
+                   "`rl grpo --config grpo`, or pick a recipe of rl sft: sft_tiny.yaml, sft_tiny_lora.yaml, sft_vlm_shapes.yaml "
                    "(rl list recipes)\n")
     assert list(tmp_path.iterdir()) == []
 

@@ -67,20 +67,23 @@ def _supervised(load: Callable[[Any, Any], Callable[[str], Any]], show: Callable
     return preview
 
 
-def _load_chat(cfg, tokenizer):
-    from rl_algorithms.data import load_chat_dataset
+def _sft(cfg) -> None:
+    from rl_apps.commands.sft import chat_loader
+    from rl_apps.preview import image_notes
 
-    return lambda path: load_chat_dataset(path, cfg.data, tokenizer)
+    model_path, tokenizer = start_run(cfg)
+    describe_model("model", cfg.model, model_path, tokenizer)
+    train, val = load_splits(cfg, chat_loader(cfg, model_path, tokenizer))
+    describe_splits(train, val, synthetic=cfg.synthetic_data is not None)
+    sample = train.items[0]
+    show_sample("sample    training row 1", tokenizer, sample.input_ids, sample.loss_mask,
+                images=image_notes(model_path, sample.input_ids, sample.image_inputs))
 
 
 def _load_pairs(cfg, tokenizer):
     from rl_algorithms.data import load_preference_dataset
 
     return lambda path: load_preference_dataset(path, cfg.data, tokenizer)
-
-
-def _show_chat(tokenizer, sample) -> None:
-    show_sample("sample    training row 1", tokenizer, sample.input_ids, sample.loss_mask)
 
 
 def _show_pair(tokenizer, pair) -> None:
@@ -150,7 +153,7 @@ def _eval(cfg) -> None:
 
 PREVIEWS: dict[str, Callable[[Any], None]] = {
     "grpo": _grpo,
-    "sft": _supervised(_load_chat, _show_chat),
+    "sft": _sft,
     "dpo": _supervised(_load_pairs, _show_pair),
     "rm": _supervised(_load_pairs, _show_pair),
     "distill": _distill,

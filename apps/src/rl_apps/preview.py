@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rl_core.data_files import Loaded
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 """Marks around the tokens that carry loss in a rendered sample."""
+IMAGE_OPEN, IMAGE_CLOSE = "⟨", "⟩"
+"""Marks around the note that stands for an image's tokens."""
 RULE = "-" * 72
 
 
@@ -29,13 +32,15 @@ def describe_model(label: str, name: str, path: str, tokenizer) -> None:
 def _architecture(path: str) -> str:
     """Model type, parameter count (the model built on the meta device: no weights are read) and vocabulary."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(path)
+    vision = getattr(config, "vision_config", None) is not None
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(config)
     parameters = sum(p.numel() for p in model.parameters())
-    return f"{config.model_type}, {parameters / 1e6:.2f}M parameters, vocab {config.vocab_size}"
+    kind = ", vision-language" if vision else ""
+    return f"{config.model_type}{kind}, {parameters / 1e6:.2f}M parameters, vocab {config.get_text_config().vocab_size}"
 
 
 def describe_splits(train: Loaded, val: Loaded | None, synthetic: bool) -> None:
@@ -53,10 +58,65 @@ def _rows(loaded: Loaded) -> str:
     return f"{len(loaded)} rows{skipped}"
 
 
-def masked_text(tokenizer, input_ids: Sequence[int], loss_mask: Sequence[float]) -> str:
-    """The decoded tokens, with each run of tokens that carry loss between ⟦ and ⟧."""
+@dataclass
+class ImageTokens:
+    """How a sample's image tokens are shown: each run of ``token_id`` as one note."""
+
+    token_id: int
+    notes: list[str]
+    """One per run of image tokens, in order (``image 64x64 px: 16 tokens``)."""
+
+
+def image_notes(model_path: str, input_ids: Sequence[int], image_inputs: dict[str, Any]) -> ImageTokens | None:
+    """The notes of a vision-language sample's images: each image's size as the model sees it (after the
+    processor's resizing) and its token count; None without images."""
+    if not image_inputs:
+        return None
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    runs = _runs(input_ids, config.image_token_id)
+    if "image_grid_thw" in image_inputs:  # Qwen-VL: a (t, h, w) grid of patches per image
+        patch = config.vision_config.patch_size
+        sizes = [(int(w) * patch, int(h) * patch) for _, h, w in image_inputs["image_grid_thw"].tolist()]
+    else:  # [1, images, channels, H, W]
+        pixels = image_inputs["pixel_values"]
+        sizes = [(pixels.shape[-1], pixels.shape[-2])] * pixels.shape[1]
+    if len(sizes) != len(runs):  # e.g. an image split into tiles: token counts only
+        return ImageTokens(config.image_token_id, [f"image: {n} tokens" for n in runs])
+    return ImageTokens(config.image_token_id, [f"image {w}x{h} px: {n} tokens" for (w, h), n in zip(sizes, runs)])
+
+
+def _runs(input_ids: Sequence[int], token_id: int) -> list[int]:
+    """Lengths of the runs of ``token_id``."""
+    runs, previous = [], None
+    for token in input_ids:
+        if token == token_id:
+            if previous == token_id:
+                runs[-1] += 1
+            else:
+                runs.append(1)
+        previous = token
+    return runs
+
+
+def masked_text(tokenizer, input_ids: Sequence[int], loss_mask: Sequence[float],
+                images: ImageTokens | None = None) -> str:
+    """The decoded tokens, with each run of tokens that carry loss between ⟦ and ⟧ and each run of image tokens
+    as its note between ⟨ and ⟩."""
     pieces, run, trained = [], [], None
+    notes = iter(images.notes) if images is not None else iter(())
+    previous = None
     for token, mask in zip(input_ids, loss_mask):
+        if images is not None and token == images.token_id:
+            if previous != token:
+                if run:
+                    pieces.append(_piece(tokenizer, run, trained))
+                    run = []
+                pieces.append(f"{IMAGE_OPEN}{next(notes, 'image')}{IMAGE_CLOSE}")
+            previous = token
+            continue
+        previous = token
         if bool(mask) != trained and run:
             pieces.append(_piece(tokenizer, run, trained))
             run = []
@@ -72,14 +132,20 @@ def _piece(tokenizer, ids: list[int], trained: bool | None) -> str:
     return f"{TRAINED_OPEN}{text}{TRAINED_CLOSE}" if trained else text
 
 
-def show_sample(title: str, tokenizer, input_ids: Sequence[int], loss_mask: Sequence[float] | None = None) -> None:
-    """A tokenised sample between rules, with its token counts (and loss mask when it has one)."""
+def show_sample(title: str, tokenizer, input_ids: Sequence[int], loss_mask: Sequence[float] | None = None,
+                images: ImageTokens | None = None) -> None:
+    """A tokenised sample between rules, with its token counts (and loss mask when it has one); ``images``: each
+    image's tokens shown as one note."""
     counts = f"{len(input_ids)} tokens"
+    if images is not None:
+        counts += f" ({sum(_runs(input_ids, images.token_id))} image tokens, {IMAGE_OPEN} {IMAGE_CLOSE})"
     if loss_mask is not None:
         counts += f", {int(sum(1 for m in loss_mask if m))} carry loss (between {TRAINED_OPEN} {TRAINED_CLOSE})"
     out(f"{title}: {counts}")
     out(RULE)
-    text = masked_text(tokenizer, input_ids, loss_mask) if loss_mask is not None else tokenizer.decode(list(input_ids))
+    if loss_mask is None and images is not None:
+        loss_mask = [0.0] * len(input_ids)
+    text = masked_text(tokenizer, input_ids, loss_mask, images) if loss_mask is not None else tokenizer.decode(list(input_ids))
     out(text.rstrip("\n"))
     out(RULE)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from rl_backends_train.config import TrainBackendConfig
-from rl_core.batch import Batch, select, trim_padding
+from rl_core.batch import IMAGE_KEYS, Batch, select, trim_padding
 from rl_core.types import Normalizer
 
 
@@ -83,8 +83,9 @@ def plan_micro_batches(batch: Batch, cfg: TrainBackendConfig) -> list[MicroBatch
 
 
 def dummy_micro_batch(batch: Batch, packed: bool) -> MicroBatch:
-    """One row, two tokens: the cheapest forward/backward that still runs every FSDP collective."""
-    row = {k: (v[:1, :2] if v.dim() >= 2 else v[:1]) for k, v in batch.items()}
+    """One row, two tokens: the cheapest forward/backward that still runs every FSDP collective (without
+    images: a vision-language model then runs its vision tower on a dummy image, see ``vision.py``)."""
+    row = {k: (v[:1, :2] if v.dim() >= 2 else v[:1]) for k, v in batch.items() if k not in IMAGE_KEYS}
     return MicroBatch(rows=torch.zeros(1, dtype=torch.long), batch=row, packed=packed, dummy=True)
 
 

@@ -5,7 +5,7 @@ A checkpoint directory (the contract with rl-checkpoint)::
     <path>/dcp/                     torch.distributed.checkpoint of {"model": {hf_name: tensor},
                                     "optimizer": ...}; flattened weight keys are "model.<hf name>"
                                     (LoRA adapters as "model.<...>.q_proj.lora_A.weight")
-    <path>/hf_config/               config.json, generation_config.json, tokenizer files
+    <path>/hf_config/               config.json, generation_config.json, tokenizer and processor files
     <path>/trainer_state/rank_<r>.pt  scheduler states, RNG states and step of each rank
     <path>/meta.json                {"format": "rl-dcp", "step", "task", "lora": {...} | null, ...}
 
@@ -24,6 +24,8 @@ from torch import nn
 
 CHECKPOINT_FORMAT = "rl-dcp"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
+_MODEL_FILE_DIRS = ("additional_chat_templates",)
+"""Folders of an HF model directory that belong to its tokenizer / processor files."""
 _NOT_CONFIG = ("model.safetensors.index.json", "pytorch_model.bin.index.json", "manifest.json",
                "rl_checkpoint_source.json")
 
@@ -46,9 +48,13 @@ def publish(staging: Path, path: str | Path) -> None:
 
 
 def copy_model_files(model_path: str | Path, dest: Path, *, include_config: bool = True) -> None:
-    """Copy config, generation config and tokenizer files (everything but weights) of an HF dir."""
+    """Copy config, generation config, tokenizer and processor files (everything but weights) of an HF dir,
+    and its ``additional_chat_templates/`` folder (the extra named chat templates)."""
     dest.mkdir(parents=True, exist_ok=True)
     for item in Path(model_path).iterdir():
+        if item.is_dir() and item.name in _MODEL_FILE_DIRS:
+            shutil.copytree(item, dest / item.name, dirs_exist_ok=True)
+            continue
         if not item.is_file() or item.name.endswith(_WEIGHT_SUFFIXES) or item.name in _NOT_CONFIG:
             continue
         if item.name == "config.json" and not include_config:

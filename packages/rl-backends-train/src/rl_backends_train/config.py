@@ -172,7 +172,12 @@ class TrainBackendConfig(StrictModel):
     max_grad_norm: float | None = Field(1.0, gt=0.0)
     """Clip the global gradient norm to this value (None: no clipping; the norm is still reported)."""
     lora: LoRAConfig | None = None
-    """Train low-rank adapters only (None: full fine-tuning)."""
+    """Train low-rank adapters only (None: full fine-tuning). On a vision-language model the adapters go to
+    the language model only (its vision tower stays frozen)."""
+    freeze_vision: bool = False
+    """Vision-language models: do not train the image-only modules (the vision tower and its projector:
+    Qwen-VL's ``model.visual``, Idefics3's ``model.vision_model`` and ``model.connector``): they get no
+    gradients and no optimizer state. backend=dtensor; true on a text-only model is an error."""
     reference_model: bool = True
     """Keep a frozen reference (the initial weights; with LoRA the base weights, no copy).
     Algorithms set this False when their KL coefficient is 0."""

@@ -8,6 +8,9 @@ With ``loss_tokens_only`` (training), the LM head runs only from the first colum
 which saves the vocab-sized work on them (for GRPO on short answers, most of a sequence is prompt).
 Packed micro-batches get the same saving through the packed positions those columns map to (HF
 models take them as ``logits_to_keep``; other models compute every logit and index).
+
+A vision-language model also gets the rows' image tensors (``vision.forward_inputs``); packed rows with
+images are refused (``vision.check_vision_support`` refuses packing for these models up front).
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from rl_backends_train import vision
 from rl_backends_train.batching import MicroBatch, pack_rows
 from rl_backends_train.families import packed_attention_mask
 from rl_core.types import ModelOutputs
+from rl_core.vision_batch import has_image_rows
 
 
 def run_model(model: nn.Module, mb: MicroBatch, score_head: nn.Module | None,
@@ -39,6 +44,8 @@ def run_model(model: nn.Module, mb: MicroBatch, score_head: nn.Module | None,
         hook = score_head.register_forward_hook(lambda _m, _i, out: captured.append(out))
     try:
         if mb.packed:
+            if has_image_rows(batch):
+                raise ValueError("packed micro-batches cannot carry images: set packing.enabled=false")
             ids, position_ids, mask, unpack_index = pack_rows(batch, share_prompts=mb.share_prompts)
             extra = {}
             if keep_last > 0:
@@ -54,7 +61,10 @@ def run_model(model: nn.Module, mb: MicroBatch, score_head: nn.Module | None,
             raw = raw[0][unpack_index.to(device)]  # [b, t or keep_last, V or 1]
         else:
             extra = {"logits_to_keep": keep_last} if keep_last > 0 else {}
-            out = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device), **extra)
+            extra |= vision.forward_inputs(batch, device)
+            with vision.vision_pass_without_images(model, has_images="pixel_values" in extra):
+                out = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                            **extra)
             raw = captured[0] if captured else out.logits
     finally:
         if hook is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,17 +57,20 @@ class LoRALinear(nn.Linear):
         return (weight.float() + delta).to(weight.dtype)
 
 
-def apply_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
+def apply_lora(model: nn.Module, cfg: LoRAConfig, within: str | None = None) -> list[str]:
     """Freeze ``model`` and replace every targeted nn.Linear by a LoRALinear. Returns their names.
 
     Targets: ``cfg.target_modules`` when set (each must name a Linear of the model), else the
-    family's default list (``families.LORA_TARGETS``)."""
+    family's default list (``families.LORA_TARGETS``). ``within``: only modules under this qualified
+    name (a vision-language model's language model)."""
     for p in model.parameters():
         p.requires_grad_(False)
     configured = cfg.target_modules if "target_modules" in cfg.model_fields_set else None
     targets = lora_targets(model, configured)
     replaced = []
     for name, module in list(model.named_modules()):
+        if within is not None and not name.startswith(f"{within}."):
+            continue
         if name.rsplit(".", 1)[-1] in targets and type(module) is nn.Linear:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
@@ -102,9 +106,15 @@ def merge_full_state_dict(model: nn.Module, full: dict[str, torch.Tensor]) -> It
         yield name, tensor
 
 
-def adapter_config(cfg: LoRAConfig, base_model_path: str, task: str, targets: list[str] | None = None) -> dict:
-    """A PEFT-compatible adapter_config.json; ``targets``: the adapted Linear names (default: the
-    configured ones)."""
+def adapter_config(cfg: LoRAConfig, base_model_path: str, task: str, targets: list[str] | None = None,
+                   within: str | None = None) -> dict:
+    """A PEFT-compatible adapter_config.json. ``targets``: the adapted Linear names (default: the
+    configured ones). ``within`` (adapters only under that module, see ``apply_lora``): ``target_modules``
+    is then PEFT's regex form, matched against the whole module name."""
+    names = sorted(targets if targets is not None else cfg.target_modules)
+    target_modules: list[str] | str = names
+    if within is not None:
+        target_modules = rf"{re.escape(within)}\..*\.({'|'.join(re.escape(t) for t in names)})"
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM" if task == "causal_lm" else "SEQ_CLS",
@@ -112,7 +122,7 @@ def adapter_config(cfg: LoRAConfig, base_model_path: str, task: str, targets: li
         "r": cfg.rank,
         "lora_alpha": cfg.alpha,
         "lora_dropout": cfg.dropout,
-        "target_modules": sorted(targets if targets is not None else cfg.target_modules),
+        "target_modules": target_modules,
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,

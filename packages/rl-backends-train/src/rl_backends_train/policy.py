@@ -9,6 +9,7 @@ import torch
 
 from rl_backends_train.batching import rows_per_group
 from rl_backends_train.config import TrainBackendConfig
+from rl_backends_train.vision import check_vision_support
 from rl_core.batch import Batch, batch_size, select
 from rl_core.cluster import WorkerGroup
 from rl_core.protocols import LossFn
@@ -20,7 +21,8 @@ class TrainPolicy:
     worker_cls: type  # a TrainWorker subclass
 
     def __init__(self, cfg: TrainBackendConfig, model_path: str, *, seed: int = 0, name: str = "policy") -> None:
-        self.check(cfg, model_path)  # fail in the driver, before any worker starts
+        check_vision_support(cfg, model_path)  # fail in the driver, before any worker starts
+        self.check(cfg, model_path)
         self.cfg = cfg
         self.model_path = model_path
         self.group = WorkerGroup(

@@ -40,6 +40,7 @@ from rl_backends_train.config import TrainBackendConfig
 from rl_backends_train.forward import model_outputs
 from rl_backends_train.lora import adapted_names, adapter_config, write_adapter
 from rl_backends_train.optim import build_optimizers, build_schedulers, clip_grad_norm
+from rl_backends_train.vision import vision_parts
 from rl_core.batch import Batch, shard
 from rl_core.protocols import LossFn
 from rl_core.types import ModelOutputs
@@ -250,9 +251,11 @@ class TrainWorker(ABC):
             raise ValueError("save_adapter() needs a LoRA config (policy.lora)")
         adapters = self._adapter_tensors()
         if self.rank == 0:
+            parts = vision_parts(self.model)
             write_adapter(path, {k: v.detach().cpu() for k, v in adapters.items()},
                           adapter_config(self.cfg.lora, self.model_path, self.cfg.task,
-                                         targets=adapted_names(adapters)))
+                                         targets=adapted_names(adapters),
+                                         within=parts.language_prefix if parts else None))
         dist.barrier()
 
     # ---------------------------------------------------------------------------------- checkpoints

@@ -3,7 +3,8 @@
 Standard keys (see rl_core.types for the conventions):
 ``input_ids`` [B, T] long, ``attention_mask`` [B, T] long (1 = real token), ``loss_mask`` [B, T]
 float; algorithms add their own (``advantages`` [B, T], ``prev_logprobs`` [B, T],
-``gen_logprobs`` [B, T], ``ref_logprobs`` [B, T], ``sample_mask`` [B], ...).
+``gen_logprobs`` [B, T], ``ref_logprobs`` [B, T], ``sample_mask`` [B], ...). A vision-language batch adds
+its image tensors per row (``IMAGE_KEYS``, see rl_core.vision_batch) and ``mm_token_type_ids`` [B, T].
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Sequence
 import torch
 
 Batch = dict[str, torch.Tensor]
+IMAGE_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask")
+"""Per-row image tensors of a vision-language batch: dim 0 is the row, the other dims are not tokens."""
 
 
 def batch_size(batch: Batch) -> int:
@@ -47,7 +50,8 @@ def shard(batch: Batch, rank: int, world_size: int) -> Batch:
 
 
 def trim_padding(batch: Batch) -> Batch:
-    """Drop trailing columns that are padding in every row (uses ``attention_mask``)."""
+    """Drop trailing columns that are padding in every row (uses ``attention_mask``; image tensors are kept)."""
     mask = batch["attention_mask"]
     length = int(mask.sum(dim=1).max().item()) if mask.numel() else 0
-    return {k: (v[:, :length] if v.dim() >= 2 and v.shape[1] == mask.shape[1] else v) for k, v in batch.items()}
+    return {k: (v[:, :length] if v.dim() >= 2 and v.shape[1] == mask.shape[1] and k not in IMAGE_KEYS else v)
+            for k, v in batch.items()}

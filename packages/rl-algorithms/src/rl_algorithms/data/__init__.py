@@ -4,6 +4,7 @@
 * :mod:`.rows`: records -> chats (messages) or plain prompt/response samples, preference pairs, texts.
 * :mod:`.tokenize`: chat template + loss masks on assistant tokens, computed from templated prefixes.
 * :mod:`.loading`: whole files of each kind, with ``on_bad_row: error | skip``.
+* :mod:`.image_chats`: chats with images for vision-language models, through the model's processor.
 * :mod:`.collate`: right-padded batches; preference pairs interleaved (rows 2i chosen, 2i+1 rejected).
 """
 
@@ -15,6 +16,7 @@ from rl_algorithms.data.config import (
     PromptDataConfig,
     TextDataConfig,
 )
+from rl_algorithms.data.image_chats import load_image_chat_dataset
 from rl_algorithms.data.loading import (
     load_chat_dataset,
     load_preference_dataset,
@@ -45,6 +47,7 @@ __all__ = [
     "collate_pairs",
     "collate_samples",
     "load_chat_dataset",
+    "load_image_chat_dataset",
     "load_preference_dataset",
     "load_prompt_dataset",
     "load_rows",

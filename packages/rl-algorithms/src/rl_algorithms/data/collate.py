@@ -13,10 +13,12 @@ import torch
 
 from rl_algorithms.data.tokenize import TokenizedSample
 from rl_core.batch import Batch
+from rl_core.vision_batch import image_rows
 
 
 def collate_samples(samples: Sequence[TokenizedSample], pad_token_id: int) -> Batch:
-    """``input_ids`` [B, T] long, ``attention_mask`` [B, T] long, ``loss_mask`` [B, T] float."""
+    """``input_ids`` [B, T] long, ``attention_mask`` [B, T] long, ``loss_mask`` [B, T] float; samples with
+    images add their image rows and ``mm_token_type_ids`` [B, T] (:mod:`rl_core.vision_batch`)."""
     if not samples:
         raise ValueError("collate_samples needs at least one sample")
     length = max(len(s) for s in samples)
@@ -28,7 +30,13 @@ def collate_samples(samples: Sequence[TokenizedSample], pad_token_id: int) -> Ba
         input_ids[row, :n] = torch.tensor(sample.input_ids, dtype=torch.long)
         attention_mask[row, :n] = 1
         loss_mask[row, :n] = torch.tensor(sample.loss_mask, dtype=torch.float32)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+    if any(sample.mm_token_type_ids is not None for sample in samples):
+        batch["mm_token_type_ids"] = torch.zeros((len(samples), length), dtype=torch.long)
+        for row, sample in enumerate(samples):
+            if sample.mm_token_type_ids is not None:
+                batch["mm_token_type_ids"][row, : len(sample)] = torch.tensor(sample.mm_token_type_ids)
+    return batch | image_rows([sample.image_inputs for sample in samples])
 
 
 def collate_pairs(pairs: Sequence[tuple[TokenizedSample, TokenizedSample]], pad_token_id: int) -> Batch:

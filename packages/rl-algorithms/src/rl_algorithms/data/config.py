@@ -41,6 +41,10 @@ class ChatDataConfig(DataFileConfig):
     response_key: str = "completion"
     """Field holding the response: a string (one assistant message) or a list of assistant messages.
     Rows without it may use ``response`` while this is left at ``completion``."""
+    images_key: str = "images"
+    """Vision-language models: field holding a row's images (a path relative to the file, a ``data:`` URL,
+    bytes, or a list of them), filling the ``{"type": "image"}`` placeholders of its messages in order, or
+    put before the prompt's text in a prompt row (docs/vlm.md)."""
     system_prompt: str | None = None
     """A system message put first when a row has none."""
     train_on: Literal["all_assistant", "last_assistant"] = "all_assistant"

@@ -33,6 +33,13 @@ class SyntheticDataConfig(StrictModel):
     """Held-out rows (0: no validation file)."""
     seed: int = 0
 
+    def write(self, kind: SyntheticKind, folder: str | Path) -> tuple[str, str | None]:
+        """``(train_path, validation_path or None)`` of freshly written ``kind`` files in ``folder``."""
+        rows = synthetic_rows(kind, self.num_train + self.num_val, self.seed)
+        train = write_jsonl(rows[: self.num_train], Path(folder) / f"{kind}_train.jsonl")
+        val = write_jsonl(rows[self.num_train :], Path(folder) / f"{kind}_val.jsonl") if self.num_val else None
+        return train, val
+
 
 def synthetic_rows(kind: SyntheticKind, count: int, seed: int) -> list[dict]:
     rng = random.Random(f"{kind}-{seed}")
@@ -66,8 +73,6 @@ def write_jsonl(rows: list[dict], path: str | Path) -> str:
 
 
 def write_synthetic_dataset(kind: SyntheticKind, cfg: SyntheticDataConfig, folder: str | Path) -> tuple[str, str | None]:
-    """``(train_path, validation_path or None)`` of freshly written files in ``folder``."""
-    rows = synthetic_rows(kind, cfg.num_train + cfg.num_val, cfg.seed)
-    train = write_jsonl(rows[: cfg.num_train], Path(folder) / f"{kind}_train.jsonl")
-    val = write_jsonl(rows[cfg.num_train :], Path(folder) / f"{kind}_val.jsonl") if cfg.num_val else None
-    return train, val
+    """``(train_path, validation_path or None)`` of freshly written files in ``folder``: ``cfg.write(kind, folder)``
+    (a command may offer other synthetic sets with the same ``write``, e.g. ``rl sft``'s image chats)."""
+    return cfg.write(kind, folder)

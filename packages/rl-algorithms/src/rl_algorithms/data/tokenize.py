@@ -10,7 +10,9 @@ learns to stop; the newline after it is not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 from rl_algorithms.data.rows import ChatSample, Message, PlainSample, Sample
 from rl_core.data_files import BadRow, DataError
@@ -18,10 +20,15 @@ from rl_core.data_files import BadRow, DataError
 
 @dataclass
 class TokenizedSample:
-    """One tokenised sample: ``input_ids`` and a same-length ``loss_mask`` (1.0 on trained tokens)."""
+    """One tokenised sample: ``input_ids`` and a same-length ``loss_mask`` (1.0 on trained tokens); for a
+    vision-language model also its processor outputs (:mod:`.image_chats`)."""
 
     input_ids: list[int]
     loss_mask: list[float]
+    image_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The sample's image tensors as the processor gives them (``{}``: no image)."""
+    mm_token_type_ids: list[int] | None = None
+    """Qwen-VL: 1 on image tokens, 0 elsewhere (same length as ``input_ids``)."""
 
     def __len__(self) -> int:
         return len(self.input_ids)

@@ -9,10 +9,12 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from rl_backends_train import vision
 from rl_backends_train.config import TrainBackendConfig
 from rl_backends_train.families import check_tensor_parallel_sizes, check_training_layout, tensor_parallel_layer_plan
 from rl_backends_train.fp8 import convert_linears_to_fp8
 from rl_backends_train.lora import apply_lora
+from rl_core.models.processor import is_vision_language_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -24,10 +26,17 @@ def build_mesh(cfg: TrainBackendConfig, device_type: str) -> DeviceMesh:
 
 def load_hf_model(model_path: str, cfg: TrainBackendConfig) -> nn.Module:
     """The full HF model on CPU, in fp32: the master weights (with bf16, FSDP casts them for compute)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForSequenceClassification,
+    )
 
     dtype = torch.float32
-    if cfg.task == "reward_model":
+    if is_vision_language_model(model_path):
+        model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=dtype)
+    elif cfg.task == "reward_model":
         config = AutoConfig.from_pretrained(model_path, num_labels=1)
         if config.pad_token_id is None:
             # HF pools the score at the last non-pad token and needs a pad id to find it.
@@ -39,7 +48,9 @@ def load_hf_model(model_path: str, cfg: TrainBackendConfig) -> nn.Module:
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    """The decoder layers of the (language) model."""
+    parts = vision.vision_parts(model)
+    base = parts.language_model if parts else getattr(model, getattr(model, "base_model_prefix", "model"), None)
     layers = getattr(base, "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise ValueError(f"{type(model).__name__}: expected decoder layers at .model.layers")
@@ -138,7 +149,8 @@ def _sequence_parallel_plans(model: nn.Module) -> tuple[dict, dict]:
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, cfg: TrainBackendConfig, on_gpu: bool) -> None:
     """FSDP2 over "dp": each decoder layer its own unit (all-gathered just in time), then the root
-    (embeddings, final norm, head). Mixed precision: fp32 parameters (the masters the optimizer steps),
+    (embeddings, final norm, head); a vision-language model also each vision block and each image-only module
+    (``vision.py``). Mixed precision: fp32 parameters (the masters the optimizer steps),
     compute in ``cfg.dtype``, gradients reduced in fp32 (CPU and GPU alike). On GPU optional CPU offload."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -146,8 +158,11 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, cfg: TrainBackendConfig, o
                     "mp_policy": MixedPrecisionPolicy(param_dtype=_DTYPES[cfg.dtype], reduce_dtype=torch.float32)}
     if on_gpu:
         kwargs["offload_policy"] = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
-    for layer in decoder_layers(model):
-        fully_shard(layer, **kwargs)
+    units = list(decoder_layers(model))
+    if (parts := vision.vision_parts(model)) is not None:  # inner units first: blocks, then their modules
+        units += vision.image_blocks(parts) + list(parts.image_modules.values())
+    for unit in units:
+        fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
     # Losses are already divided by GLOBAL counts: gradients must be summed over ranks, not averaged.
     # Plain SUM collectives (gloo has no PREMUL_SUM).
@@ -162,9 +177,12 @@ def build_parallel_model(model_path: str, cfg: TrainBackendConfig, mesh: DeviceM
     """Load the HF model and parallelise it in the one order this backend uses."""
     model = load_hf_model(model_path, cfg)
     check_training_layout(model.config, cfg)
-    # 1. LoRA: swap targeted Linears for LoRALinear while the module tree is plain.
+    parts = vision.vision_parts(model)
+    # 1. LoRA: swap targeted Linears (of the language model) for LoRALinear while the module tree is plain.
     if trainable and cfg.lora is not None:
-        apply_lora(model, cfg.lora)
+        apply_lora(model, cfg.lora, within=parts.language_prefix if parts else None)
+    if trainable and cfg.freeze_vision:
+        vision.freeze_image_modules(model)
     # An fp32 CPU run with one data shard skips FSDP (step 4): sharding over one rank only adds copies
     # (with bf16, or on GPU, it still brings mixed precision, and offload).
     use_fsdp = on_gpu or cfg.data_parallel_size > 1 or cfg.dtype != "float32"

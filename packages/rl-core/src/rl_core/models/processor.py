@@ -78,3 +78,13 @@ def load_processor(path: str | Path) -> Any:
     if processor_class is not None and not is_torchvision_available() and needs_torchvision(processor_class):
         return image_only_processor_class(processor_class).from_pretrained(path)
     return AutoProcessor.from_pretrained(path)
+
+
+def is_vision_language_model(path: str | Path) -> bool:
+    """Whether the HF model directory ``path`` holds a vision-language model (its config has a
+    ``vision_config``): it takes images through its processor, and trains and exports as
+    ``AutoModelForImageTextToText``."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return False
+    return "vision_config" in json.loads(config_file.read_text(encoding="utf-8"))

@@ -8,7 +8,8 @@
   dequantised to fp32 and saved in fp32, which round-trips them exactly (bf16 would round them again).
   They are not bit-identical to the original bf16 checkpoint on the hub.
 - ``tiny-llama`` / ``tiny-qwen2``: the randomly initialised tiny models of ``rl_core.models.tiny``
-  (smoke recipes), built into the cache.
+  (smoke recipes), built into the cache; ``tiny-qwen2_5_vl-s``: the tiny Qwen2.5-VL of size ``s``
+  (``rl_core.models.tiny_vlm``, the CPU vision-language recipes), with its processor.
 - A training run, checkpoint step or ``policy/`` directory, when the caller passes a
   ``checkpoint_to_hf`` converter (rl-core depends on no converter; the ``rl`` commands pass
   ``rl_checkpoint.hf_model_dir``, which converts once into a cache next to the checkpoint).
@@ -199,10 +200,20 @@ def _tiny(family: str) -> Callable[[Path], None]:
     return build
 
 
+def _tiny_vlm(family: str, size: str) -> Callable[[Path], None]:
+    def build(out_dir: Path) -> None:
+        from rl_core.models.tiny_vlm import SIZES, save_tiny_vlm
+
+        save_tiny_vlm(out_dir, family=family, **SIZES[size])
+
+    return build
+
+
 SHORT_NAMES: dict[str, Callable[[Path], None]] = {
     "smollm2-135m-instruct": convert_smollm2,
     "tiny-llama": _tiny("llama"),
     "tiny-qwen2": _tiny("qwen2"),
+    "tiny-qwen2_5_vl-s": _tiny_vlm("qwen2_5_vl", "s"),
 }
 """Model names a config may use instead of a path, and how each is built into the cache."""
 

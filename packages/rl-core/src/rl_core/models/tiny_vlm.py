@@ -25,6 +25,14 @@ import torch
 from rl_core.models.tiny import build_tiny_tokenizer
 
 VLM_FAMILIES = ("qwen2_5_vl", "qwen3_vl", "idefics3")
+SIZES: dict[str, dict[str, Any]] = {
+    "xs": {},  # the defaults: 32 px images, language model hidden 64 x 2 layers
+    "s": {"image_size": 64, "patch_size": 8,
+          "text": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4},
+          "vision": {"hidden_size": 64, "intermediate_size": 128}},
+}
+"""``save_tiny_vlm`` arguments of the named sizes (docs/vlm.md): ``s`` is the CPU recipe's (about 0.9M parameters,
+64 px images in 8 px patches, 16 image tokens)."""
 _QWEN_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 # Idefics3's processor looks these up by name (the row/column tags mark the tiles of a split image).
 _IDEFICS3_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"] + [
