@@ -35,7 +35,9 @@ SEQUENCE_PARALLEL_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def layer_types(config) -> list[str]:
-    """The kind of every decoder layer (``full_attention``, ``sliding_attention``, ``linear_attention``...)."""
+    """The kind of every decoder layer (``full_attention``, ``sliding_attention``, ``linear_attention``...);
+    of a vision-language model, its language model's."""
+    config = config.get_text_config()
     return list(getattr(config, "layers_block_type", None) or getattr(config, "layer_types", None)
                 or ["full_attention"] * config.num_hidden_layers)
 
