@@ -2,13 +2,14 @@
 
     python scripts/sweep.py --out runs/learning/main --presets grpo dapo --seeds 0 1 --set grpo.max_steps=70
     python scripts/sweep.py --out runs/learning/arith3 --task grpo_arithmetic3_smollm2.yaml --presets dapo
-    python scripts/sweep.py --out runs/learning/main --presets grpo --trl --seeds 0 --dry-run
+    python scripts/sweep.py --out runs/learning/main --presets trl --seeds 0 1 --set grpo.max_steps=34 --dry-run
 
 A cell is ``rl grpo --config <preset> seed=<seed> output_dir=<out>/<preset>-s<seed> grpo.test_at_end=true
 <task keys> <--set ...>``. ``--task`` names a recipe built on the main job (``defaults:
 grpo_arithmetic_smollm2.yaml``, as every preset is): the keys written in that file itself become overrides
-of each preset, so a preset runs on the other task with its own algorithm settings. ``--trl`` adds a cell per
-seed running TRL's GRPOTrainer on the same task (bench/trl_grpo_arith.py), written in the same format.
+of each preset, so a preset runs on the other task with its own algorithm settings. The preset ``trl`` is
+TRL's GRPOTrainer on the same task (``python bench/trl_grpo_arith.py --recipe <task> --seed <seed> --out
+<out>/trl-s<seed> <--set ...>``), written in the same format.
 
 Cells run one at a time: they share the machine's cores, and their wall times are what is compared. Each
 cell directory keeps its ``metrics.jsonl`` (and ``metrics.png``, ``samples.jsonl``, ``config.yaml``),
@@ -112,14 +113,13 @@ def plan(args: argparse.Namespace) -> list[Cell]:
         for preset in args.presets:
             name = Path(preset).stem
             cell_dir = out / f"{name}-s{seed}"
-            argv = ["rl", "grpo", "--config", str(recipe_file(preset)) if Path(preset).is_file() else name,
-                    f"seed={seed}", f"output_dir={cell_dir}", "grpo.test_at_end=true", "logger.progress_bar=false",
-                    *task_keys, *args.set]
+            if name == "trl":
+                argv = ["python", TRL_SCRIPT, "--recipe", task, "--seed", str(seed), "--out", str(cell_dir), *args.set]
+            else:
+                config = str(recipe_file(preset)) if Path(preset).is_file() else name
+                argv = ["rl", "grpo", "--config", config, f"seed={seed}", f"output_dir={cell_dir}",
+                        "grpo.test_at_end=true", "logger.progress_bar=false", *task_keys, *args.set]
             cells.append(Cell(name, seed, task, str(cell_dir), argv))
-        if args.trl:
-            cell_dir = out / f"trl-s{seed}"
-            argv = ["python", TRL_SCRIPT, "--recipe", task, "--seed", str(seed), "--out", str(cell_dir), *args.set]
-            cells.append(Cell("trl", seed, task, str(cell_dir), argv))
     return cells
 
 
@@ -164,10 +164,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="the sweep's directory: one sub-directory per cell")
     parser.add_argument("--presets", nargs="+", default=["grpo_arithmetic_smollm2"],
-                        help="recipes by name or path (grpo dapo gspo gdpo drgrpo cispo reinforce_pp ...)")
+                        help="recipes by name or path (grpo dapo gspo gdpo drgrpo cispo reinforce_pp ...), "
+                             "and trl for TRL's GRPOTrainer")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--task", help="a task recipe built on the main job, e.g. grpo_arithmetic3_smollm2.yaml")
-    parser.add_argument("--trl", action="store_true", help="add a TRL GRPOTrainer cell per seed")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="overrides for every cell (rl grpo's dotted keys; TRL's script reads grpo.max_steps, "
                              "grpo.val_every, grpo.val_num_prompts, grpo.test_num_prompts)")

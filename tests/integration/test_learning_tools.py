@@ -43,8 +43,8 @@ def _offline_cache(tmp_path_factory, monkeypatch):
 
 
 def test_a_preset_on_the_second_task_keeps_its_algorithm_and_takes_the_tasks_keys(tmp_path):
-    args = sweep.parse_args(["--out", str(tmp_path), "--presets", "dapo", "drgrpo", "--seeds", "0", "3",
-                             "--task", "grpo_arithmetic3_smollm2.yaml", "--trl", "--set", "grpo.max_steps=70"])
+    args = sweep.parse_args(["--out", str(tmp_path), "--presets", "dapo", "drgrpo", "trl", "--seeds", "0", "3",
+                             "--task", "grpo_arithmetic3_smollm2.yaml", "--set", "grpo.max_steps=70"])
     cells = sweep.plan(args)
     assert [(c.preset, c.seed) for c in cells] == [("dapo", 0), ("drgrpo", 0), ("trl", 0), ("dapo", 3), ("drgrpo", 3),
                                                    ("trl", 3)]
