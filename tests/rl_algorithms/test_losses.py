@@ -166,8 +166,9 @@ def test_kl_in_reward():
 
 def test_positive_nll():
     rewards = torch.tensor([1.0, 0.0])
-    loss, metrics, _ = run(ClippedPolicyGradientLoss(positive_nll_coef=0.1), rewards=rewards)
-    nll = -sum(-1 + math.log(r) for r in (1.5, 0.5, 1.1)) / 5  # only row 0 has reward > 0
+    loss, metrics, _ = run(ClippedPolicyGradientLoss(positive_nll_coef=0.1, positive_nll_normalizer="all_tokens"),
+                           rewards=rewards)
+    nll = -sum(-1 + math.log(r) for r in (1.5, 0.5, 1.1)) / 5  # only row 0 has reward > 0, / all 5 tokens
     assert metrics["positive_nll"] == pytest.approx(nll, abs=1e-6)
     assert loss.item() == pytest.approx((-1.2 - 0.5 - 1.1 + 1.6 + 2.6) / 5 + 0.1 * nll, abs=1e-6)
 
@@ -249,7 +250,8 @@ def test_micro_batches_sum_to_the_full_batch_loss(reduction, ratio_level):
     }
     logprobs = -torch.rand(b, t, generator=g) * 3
     loss_fn = ClippedPolicyGradientLoss(
-        reduction=reduction, ratio_level=ratio_level, kl_coef=0.1, positive_nll_coef=0.2, dual_clip=3.0,
+        reduction=reduction, ratio_level=ratio_level, kl_coef=0.1, positive_nll_coef=0.2,
+        positive_nll_normalizer="all_tokens", dual_clip=3.0,
         importance_sampling=ImportanceSampling(weight_max=2.0),
     )
     normalizer = make_normalizer(batch)

@@ -62,6 +62,15 @@ class GRPORunConfig(RunConfig):
         if self.grpo.val_every > 0 and not self.data.has_split("validation"):
             raise ValueError("grpo.val_every > 0 needs held-out prompts: set data.validation_path "
                              "(or grpo.val_every=0)")
+        if self.grpo.test_at_end and not self.data.has_split("test"):
+            raise ValueError("grpo.test_at_end needs test prompts: set data.test_path (or grpo.test_at_end=false)")
+        return self
+
+    @model_validator(mode="after")
+    def _constant_normalizer_default(self) -> GRPORunConfig:
+        """Dr. GRPO's fixed length defaults to the max response length, as TRL's ``dr_grpo``."""
+        if self.loss.reduction == "constant" and self.loss.constant_normalizer is None:
+            self.loss.constant_normalizer = self.grpo.max_new_tokens
         return self
 
 
@@ -80,7 +89,8 @@ def run(cfg: GRPORunConfig) -> int:
     check = prompt_length_check(tokenizer, cfg.grpo.max_total_length)
     train = cfg.data.load("train", check=check)
     val = cfg.data.load("validation", cfg.grpo.val_num_prompts, check) if cfg.grpo.val_every > 0 else None
-    report_loaded(train, val)
+    test = cfg.data.load("test", cfg.grpo.test_num_prompts, check) if cfg.grpo.test_at_end else None
+    report_loaded(train, val, test)
 
     with open_run(cfg) as run:
         policy = run.backend(cfg.policy.model_copy(update={"reference_model": cfg.loss.needs_reference}), model_path)
@@ -92,12 +102,15 @@ def run(cfg: GRPORunConfig) -> int:
         # One runner for the whole run: Ray actors or worker processes start once, not every step.
         env_runner = run.closing(cfg.grpo.env_runner.build(environment))
         val_runner = env_runner if val_environment is environment else None  # a separate val_env runs in threads
-        validate = None
-        if val is not None:
-            validate = make_validate_fn(cfg.grpo, cfg.seed, generation, tokenizer, val.items, val_environment,
-                                        val_runner)
+
+        def evaluate_on(split):  # validation and the test at the end are graded alike
+            return None if split is None else make_validate_fn(cfg.grpo, cfg.seed, generation, tokenizer,
+                                                               split.items, val_environment, val_runner)
+
+        validate, test_fn = evaluate_on(val), evaluate_on(test)
         grpo_train(cfg.grpo, cfg.loss, policy, generation, tokenizer, train.items, environment, logger=run.logger,
-                   checkpointer=run.checkpointer, validate_fn=validate, seed=cfg.seed, env_runner=env_runner)
+                   checkpointer=run.checkpointer, validate_fn=validate, seed=cfg.seed, env_runner=env_runner,
+                   test_fn=test_fn)
         run.finish(policy)
     return 0
 

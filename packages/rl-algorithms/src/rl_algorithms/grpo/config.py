@@ -86,14 +86,19 @@ class LossConfig(StrictModel):
     kind: Literal["clipped_pg", "gspo"] = "clipped_pg"
     objective: Literal["clipped", "reinforce", "cispo"] = "clipped"
     """clipped: PPO-style min of clipped/unclipped. reinforce: -A logp (no ratio). cispo: -A sg(clip(r)) logp."""
-    ratio_clip_low: float = Field(0.2, ge=0.0, lt=1.0)
-    """eps_low: the ratio is clipped below at 1 - ratio_clip_low (gspo default: 3e-4)."""
+    ratio_clip_low: float = Field(0.2, ge=0.0, le=1.0)
+    """eps_low: the ratio is clipped below at 1 - ratio_clip_low (gspo default: 3e-4; 1: no lower bound,
+    as CISPO's truncated IS weight)."""
     ratio_clip_high: float = Field(0.2, ge=0.0)
     """eps_high; DAPO clip-higher sets this above ratio_clip_low (e.g. 0.28) (gspo default: 4e-4)."""
     dual_clip: float | None = Field(None, gt=1.0)
     """Bound the loss of negative-advantage tokens at -A * dual_clip (None: off)."""
-    reduction: Literal["token", "sequence"] = "token"
-    """token: mean over all valid tokens of the batch. sequence: mean of per-sequence means (gspo default)."""
+    reduction: Literal["token", "sequence", "constant"] = "token"
+    """token: mean over all valid tokens of the batch. sequence: mean of per-sequence means (gspo default).
+    constant (Dr. GRPO): sum over valid tokens / (valid sequences x constant_normalizer)."""
+    constant_normalizer: int | None = Field(None, gt=0)
+    """The fixed length of reduction=constant, in tokens (TRL's dr_grpo: max_completion_length). Unset:
+    ``rl grpo`` fills in grpo.max_new_tokens."""
     kl_coef: float = Field(0.0, ge=0.0)
     """beta of the KL-to-reference penalty. 0 (and kl_in_reward false): no reference model is kept."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -102,13 +107,19 @@ class LossConfig(StrictModel):
     importance_sampling: ImportanceSamplingConfig | None = None
     """Generation/training mismatch correction (None: off)."""
     positive_nll_coef: float = Field(0.0, ge=0.0)
-    """Add this times the NLL of samples with reward > 0."""
+    """Add this times the NLL of samples with reward > 0 (VAPO)."""
+    positive_nll_normalizer: Literal["all_tokens", "positive_tokens"] = "positive_tokens"
+    """Divide that NLL's sum by: positive_tokens, the tokens of the step's samples with reward > 0 (VAPO,
+    NeMo RL); or all_tokens, reduced like the policy loss (loss.reduction) over every valid sample."""
 
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
 
     def build(self) -> ClippedPolicyGradientLoss:
+        if self.reduction == "constant" and self.constant_normalizer is None:
+            raise ValueError("loss.reduction=constant needs loss.constant_normalizer (a length in tokens; "
+                             "Dr. GRPO and TRL use the max response length, grpo.max_new_tokens)")
         return ClippedPolicyGradientLoss(
             ratio_clip_low=self.ratio_clip_low,
             ratio_clip_high=self.ratio_clip_high,
@@ -116,10 +127,12 @@ class LossConfig(StrictModel):
             objective=self.objective,
             ratio_level="sequence" if self.kind == "gspo" else "token",
             reduction=self.reduction,
+            constant_normalizer=self.constant_normalizer,
             kl_coef=0.0 if self.kl_in_reward else self.kl_coef,
             kl_estimator=self.kl_estimator,
             importance_sampling=self.importance_sampling.build() if self.importance_sampling else None,
             positive_nll_coef=self.positive_nll_coef,
+            positive_nll_normalizer=self.positive_nll_normalizer,
         )
 
     @model_validator(mode="before")
@@ -177,6 +190,11 @@ class GRPOConfig(LoopConfig):
     """Held-out prompts per validation."""
     val_pass_k: int = Field(1, gt=0)
     """pass@k on held-out prompts from k samples at the training temperature (1: greedy accuracy only)."""
+    test_at_end: bool = False
+    """After the last step, evaluate the test split (disjoint from validation) the way validation is
+    evaluated, logged as ``test/*``: the numbers to report, on prompts no checkpoint was chosen by."""
+    test_num_prompts: int = Field(256, gt=0)
+    """Test prompts evaluated with ``test_at_end``."""
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     dapo: DAPOConfig = Field(default_factory=DAPOConfig)
     log_samples: int = Field(4, ge=0)

@@ -27,7 +27,7 @@ from rl_algorithms.grpo.data import PromptStream
 from rl_algorithms.grpo.rewards import compute_rewards_and_advantages
 from rl_algorithms.grpo.rollouts import generate_rollouts
 from rl_algorithms.loop import Metrics, MetricsSink, Validate, refit, train_loop
-from rl_algorithms.losses import loss_token_mask, mismatch_metrics
+from rl_algorithms.losses import loss_token_mask, mismatch_metrics, with_positive_token_count
 from rl_algorithms.rollout.env_runner import StepRunner
 from rl_core.batch import Batch, batch_size, select
 from rl_core.protocols import Environment, GenerationBackend, LossFn, TrainingBackend
@@ -49,6 +49,7 @@ def grpo_train(
     validate_fn: Validate | None = None,
     seed: int = 0,
     env_runner: StepRunner | None = None,
+    test_fn: Validate | None = None,
 ) -> list[Metrics]:
     """Train ``policy`` with GRPO for ``cfg.max_steps`` steps (the skeleton is :func:`rl_algorithms.loop.train_loop`).
 
@@ -58,7 +59,8 @@ def grpo_train(
     Step metrics are logged as ``train/<name>`` and validation metrics (``validate_fn(step)``, every
     ``cfg.val_every`` steps, before the first and after the last) as ``val/<name>``. Returns one
     dict per logged step with the full names (the entry of step 0 holds the validation before
-    training)."""
+    training). ``test_fn(step)``, when given, runs once after the last step; its metrics are logged as
+    ``test/<name>`` at that step (``grpo.test_at_end``)."""
     if cfg.prev_logprobs == "training_forward" and loss_cfg.kl_in_reward:
         raise ValueError("loss.kl_in_reward needs pi_old before training: set grpo.prev_logprobs to 'auto' or 'recompute'")
     loss_fn = loss_cfg.build()
@@ -68,8 +70,14 @@ def grpo_train(
         return grpo_step(cfg, loss_cfg, loss_fn, policy, generation, tokenizer, prompts, environments,
                          step=step, seed=seed, timer=timer, logger=logger, env_runner=env_runner)
 
-    return train_loop(cfg, policy, prompts, train_step, validate=validate_fn, logger=logger,
-                      checkpointer=checkpointer, generation=generation)
+    history = train_loop(cfg, policy, prompts, train_step, validate=validate_fn, logger=logger,
+                         checkpointer=checkpointer, generation=generation)
+    if test_fn is not None:
+        test_metrics = test_fn(cfg.max_steps)
+        if logger is not None:
+            logger.log(test_metrics, cfg.max_steps, prefix="test")
+        history.append({**{f"test/{k}": float(v) for k, v in test_metrics.items()}, "step": float(cfg.max_steps)})
+    return history
 
 
 def grpo_step(
@@ -180,7 +188,8 @@ def has_learning_signal(batch: Batch, loss_cfg: LossConfig) -> bool:
 
 
 def train_on_batch(policy: TrainingBackend, batch: Batch, loss_fn: LossFn, cfg: GRPOConfig, *, step: int, seed: int) -> Metrics:
-    """``num_epochs`` passes of ``num_minibatches`` optimizer steps each; returns the mean metrics."""
+    """``num_epochs`` passes of ``num_minibatches`` optimizer steps each; returns the mean metrics.
+    Each optimizer step's rows carry the counts the loss normalises by beyond the backend's Normalizer."""
     n = batch_size(batch)
     per = math.ceil(n / cfg.num_minibatches)
     totals: dict[str, float] = defaultdict(float)
@@ -192,7 +201,10 @@ def train_on_batch(policy: TrainingBackend, batch: Batch, loss_fn: LossFn, cfg: 
         else:
             order = torch.arange(n)
         for i in range(0, n, per):
-            for key, value in policy.train(select(batch, order[i:i + per]), loss_fn, temperature=cfg.temperature).items():
+            minibatch = select(batch, order[i:i + per])
+            if getattr(loss_fn, "needs_positive_token_count", False):
+                minibatch = with_positive_token_count(minibatch)
+            for key, value in policy.train(minibatch, loss_fn, temperature=cfg.temperature).items():
                 totals[key] += float(value)
             calls += 1
     return {key: value / calls for key, value in totals.items()}

@@ -3,7 +3,7 @@
 Each loss is a picklable dataclass implementing :class:`rl_core.protocols.LossFn`.
 """
 
-from rl_algorithms.losses.clipped_pg import ClippedPolicyGradientLoss
+from rl_algorithms.losses.clipped_pg import ClippedPolicyGradientLoss, with_positive_token_count
 from rl_algorithms.losses.importance_sampling import ImportanceSampling, mismatch_metrics, mismatch_per_token
 from rl_algorithms.losses.kl import kl_estimate, kl_penalized_rewards
 from rl_algorithms.losses.masking import loss_token_mask, make_normalizer, reduce_loss
@@ -18,6 +18,7 @@ __all__ = [
     "mismatch_metrics",
     "mismatch_per_token",
     "reduce_loss",
+    "with_positive_token_count",
 ]
 
 # SFT, DPO, reward-model and distillation losses (issue 7).

@@ -11,13 +11,27 @@ Per response token t, with ``r_t = exp(logpi_theta - logpi_old)`` and advantage 
 
 Then optionally: an importance weight (generation vs training, see :mod:`.importance_sampling`)
 multiplies ``L_t``; ``kl_coef * KL_t`` to the reference policy is added; and ``positive_nll_coef *
-(-logpi_theta,t)`` on samples with reward > 0. Every term is reduced ``token``- or ``sequence``-level
-with the global denominators of the :class:`~rl_core.types.Normalizer`.
+(-logpi_theta,t)`` on samples with reward > 0. The policy and KL terms are reduced with the global
+denominators of the :class:`~rl_core.types.Normalizer` (``reduction``), N valid tokens, S valid sequences:
+
+* ``token``: ``sum_t L_t / N`` (DAPO, TRL's ``dapo``);
+* ``sequence``: ``(1/S) sum_i mean_{t in i} L_t`` (GRPO as published, GSPO);
+* ``constant`` (Dr. GRPO): ``sum_t L_t / (S * constant_normalizer)``, a fixed length. TRL's ``dr_grpo``
+  divides the sum by ``batch rows x max_completion_length`` (then by the gradient-accumulation steps, so
+  over an optimizer step: all rows of the step); here S counts the sequences with at least one valid
+  token, so the two agree whenever no sample is masked out (environment error, overlong filtering).
+
+The positive-sample NLL (VAPO) is ``sum over tokens of samples with reward > 0 of -logpi_theta,t``
+divided by (``positive_nll_normalizer``) ``positive_tokens``: the number of those tokens in the
+optimizer step, as VAPO's Eq. 10 and NeMo RL (which counts them per micro-batch; here they are counted
+over the whole step, see :func:`with_positive_token_count`); or ``all_tokens``: reduced like the policy
+term, so samples with reward <= 0 count in the denominator.
 
 Batch keys: ``loss_mask`` [B, T], ``advantages`` [B] or [B, T], ``prev_logprobs`` [B, T] (when absent: this forward's
 logprobs, detached, i.e. ratio 1 with the gradient of a single on-policy update), optional ``sample_mask`` [B]; ``gen_logprobs`` [B, T] (importance sampling and
 mismatch metrics), ``ref_logprobs`` [B, T] (when ``kl_coef > 0``), ``rewards`` [B] (when
-``positive_nll_coef > 0``).
+``positive_nll_coef > 0``), ``num_positive_tokens`` [B] (``positive_nll_normalizer="positive_tokens"``: the
+optimizer step's count, the same in every row; :func:`with_positive_token_count` adds it).
 """
 
 from __future__ import annotations
@@ -40,6 +54,17 @@ from rl_core.batch import Batch
 from rl_core.types import ModelOutputs, Normalizer
 
 Objective = Literal["clipped", "reinforce", "cispo"]
+PositiveNLLNormalizer = Literal["all_tokens", "positive_tokens"]
+POSITIVE_TOKENS_KEY = "num_positive_tokens"
+
+
+def with_positive_token_count(batch: Batch) -> Batch:
+    """``batch`` (the rows of ONE optimizer step) with ``num_positive_tokens`` [B]: the number of valid
+    tokens of its samples with reward > 0, repeated in every row so that any micro-batch or data-parallel
+    shard of it carries the step's count (the denominator of the positive-sample NLL)."""
+    positive = (batch["rewards"].float() > 0).float().unsqueeze(1)  # [B, 1]
+    count = float((loss_token_mask(batch) * positive).sum().item())
+    return {**batch, POSITIVE_TOKENS_KEY: torch.full((positive.shape[0],), count)}
 
 
 @dataclass
@@ -56,20 +81,26 @@ class ClippedPolicyGradientLoss:
     ratio_level: Literal["token", "sequence"] = "token"
     """``sequence``: GSPO's length-normalised sequence ratio."""
     reduction: Reduction = "token"
+    constant_normalizer: float | None = None
+    """The fixed length (tokens) of ``reduction="constant"`` (Dr. GRPO; TRL uses max_completion_length)."""
     kl_coef: float = 0.0
     """beta of the KL-to-reference term; 0 means no reference logprobs are needed."""
     kl_estimator: KLEstimator = "k3"
     importance_sampling: ImportanceSampling | None = None
     positive_nll_coef: float = 0.0
     """mu of an NLL term on samples whose reward is > 0 (0: off)."""
+    positive_nll_normalizer: PositiveNLLNormalizer = "positive_tokens"
+    """What the NLL term's sum is divided by: ``positive_tokens`` (VAPO, NeMo RL) or ``all_tokens``
+    (reduced like the policy term)."""
 
     needs_logits = False  # class attribute, not a field: the protocol's flag
 
     def __post_init__(self) -> None:
         if self.ratio_clip_low < 0 or self.ratio_clip_high < 0:
             raise ValueError(f"ratio clip epsilons must be >= 0, got low={self.ratio_clip_low}, high={self.ratio_clip_high}")
-        if self.ratio_clip_low >= 1:
-            raise ValueError(f"ratio_clip_low must be < 1 (the ratio is clipped at 1 - eps), got {self.ratio_clip_low}")
+        if self.ratio_clip_low > 1:
+            raise ValueError(f"ratio_clip_low must be <= 1 (the ratio is clipped at 1 - eps; 1: no lower bound), "
+                             f"got {self.ratio_clip_low}")
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
         if self.objective not in ("clipped", "reinforce", "cispo"):
@@ -80,8 +111,14 @@ class ClippedPolicyGradientLoss:
             raise ValueError("the sequence-level (GSPO) ratio only applies to objective='clipped'")
         if self.dual_clip is not None and self.objective != "clipped":
             raise ValueError("dual_clip only applies to objective='clipped'")
-        if self.reduction not in ("token", "sequence"):
-            raise ValueError(f"reduction must be 'token' or 'sequence', got {self.reduction!r}")
+        if self.reduction not in ("token", "sequence", "constant"):
+            raise ValueError(f"reduction must be 'token', 'sequence' or 'constant', got {self.reduction!r}")
+        if self.reduction == "constant" and (self.constant_normalizer is None or self.constant_normalizer <= 0):
+            raise ValueError(f"reduction='constant' needs constant_normalizer > 0 (a length in tokens), "
+                             f"got {self.constant_normalizer!r}")
+        if self.positive_nll_normalizer not in ("all_tokens", "positive_tokens"):
+            raise ValueError("positive_nll_normalizer must be 'all_tokens' or 'positive_tokens', "
+                             f"got {self.positive_nll_normalizer!r}")
         if self.kl_coef < 0 or self.positive_nll_coef < 0:
             raise ValueError(f"kl_coef and positive_nll_coef must be >= 0, got {self.kl_coef}, {self.positive_nll_coef}")
 
@@ -89,6 +126,11 @@ class ClippedPolicyGradientLoss:
     def needs_reference(self) -> bool:
         """Whether the batch must carry ``ref_logprobs``."""
         return self.kl_coef > 0
+
+    @property
+    def needs_positive_token_count(self) -> bool:
+        """Whether each optimizer step's batch must carry ``num_positive_tokens`` (:func:`with_positive_token_count`)."""
+        return self.positive_nll_coef > 0 and self.positive_nll_normalizer == "positive_tokens"
 
     def __call__(self, outputs: ModelOutputs, batch: Batch, normalizer: Normalizer) -> tuple[torch.Tensor, dict[str, float]]:
         logprobs = outputs.logprobs.float()  # [B, T]
@@ -105,20 +147,19 @@ class ClippedPolicyGradientLoss:
             per_token = per_token * weights * keep
             metrics["is_weight_mean"] = token_mean_contribution(weights, mask, normalizer)
             metrics["is_masked_fraction"] = token_mean_contribution(1 - keep, mask, normalizer)
-        loss = reduce_loss(per_token, mask, normalizer, self.reduction)
+        loss = self._reduce(per_token, mask, normalizer)
         metrics["pg_loss"] = float(loss.item())
 
         if "ref_logprobs" in batch:
             kl = kl_estimate(logprobs, batch["ref_logprobs"].float(), self.kl_estimator)
             metrics["kl"] = token_mean_contribution(kl, mask, normalizer)
             if self.kl_coef > 0:
-                loss = loss + self.kl_coef * reduce_loss(kl, mask, normalizer, self.reduction)
+                loss = loss + self.kl_coef * self._reduce(kl, mask, normalizer)
         elif self.kl_coef > 0:
             raise KeyError("kl_coef > 0 needs 'ref_logprobs' in the batch (reference logprobs were not computed)")
 
         if self.positive_nll_coef > 0:
-            positive = (batch["rewards"].float() > 0).float().unsqueeze(1)  # [B, 1]
-            nll = reduce_loss(-logprobs * positive, mask, normalizer, self.reduction)
+            nll = self._positive_nll(logprobs, batch, mask, normalizer)
             metrics["positive_nll"] = float(nll.item())
             loss = loss + self.positive_nll_coef * nll
 
@@ -128,6 +169,21 @@ class ClippedPolicyGradientLoss:
             for name, value in mismatch_per_token(batch["prev_logprobs"], batch["gen_logprobs"]).items():
                 metrics[name] = token_mean_contribution(value, mask, normalizer)
         return loss, metrics
+
+    def _reduce(self, per_token: torch.Tensor, mask: torch.Tensor, normalizer: Normalizer) -> torch.Tensor:
+        return reduce_loss(per_token, mask, normalizer, self.reduction, self.constant_normalizer)
+
+    def _positive_nll(self, logprobs: torch.Tensor, batch: Batch, mask: torch.Tensor,
+                      normalizer: Normalizer) -> torch.Tensor:
+        """This micro-batch's share of the NLL of the step's samples with reward > 0."""
+        positive = (batch["rewards"].float() > 0).float().unsqueeze(1)  # [B, 1]
+        if self.positive_nll_normalizer == "all_tokens":
+            return self._reduce(-logprobs * positive, mask, normalizer)
+        if POSITIVE_TOKENS_KEY not in batch:
+            raise KeyError(f"positive_nll_normalizer='positive_tokens' needs '{POSITIVE_TOKENS_KEY}' in the batch: "
+                           "pass each optimizer step's batch through with_positive_token_count()")
+        count = float(batch[POSITIVE_TOKENS_KEY].max().item()) if batch[POSITIVE_TOKENS_KEY].numel() else 0.0
+        return (-logprobs * positive * mask).sum() / max(count, 1.0)
 
     def _policy_term(
         self,

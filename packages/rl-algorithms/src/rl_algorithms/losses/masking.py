@@ -15,7 +15,7 @@ import torch
 from rl_core.batch import Batch
 from rl_core.types import Normalizer
 
-Reduction = Literal["token", "sequence"]
+Reduction = Literal["token", "sequence", "constant"]
 
 
 def loss_token_mask(batch: Batch) -> torch.Tensor:
@@ -44,18 +44,26 @@ def broadcast_to_tokens(values: torch.Tensor, like: torch.Tensor) -> torch.Tenso
     return values
 
 
-def reduce_loss(per_token: torch.Tensor, mask: torch.Tensor, normalizer: Normalizer, reduction: Reduction) -> torch.Tensor:
+def reduce_loss(per_token: torch.Tensor, mask: torch.Tensor, normalizer: Normalizer, reduction: Reduction,
+                constant_normalizer: float | None = None) -> torch.Tensor:
     """Scalar loss of ``per_token`` [B, T] over ``mask`` [B, T].
 
     ``token``: sum of masked values / global valid tokens.
     ``sequence``: each sequence's mean over its own masked tokens, summed / global valid sequences.
+    ``constant`` (Dr. GRPO): sum of masked values / (global valid sequences x ``constant_normalizer``),
+    a fixed length (e.g. the max response length), so no sample's tokens weigh more for being short.
     """
     if reduction == "token":
         return (per_token * mask).sum() / max(normalizer.num_valid_tokens, 1.0)
     if reduction == "sequence":
         per_sequence = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # [B]
         return per_sequence.sum() / max(normalizer.num_valid_sequences, 1.0)
-    raise ValueError(f"unknown reduction {reduction!r}; use 'token' or 'sequence'")
+    if reduction == "constant":
+        if constant_normalizer is None or constant_normalizer <= 0:
+            raise ValueError(f"reduction 'constant' needs a constant_normalizer > 0 (a length in tokens), "
+                             f"got {constant_normalizer!r}")
+        return (per_token * mask).sum() / (max(normalizer.num_valid_sequences, 1.0) * constant_normalizer)
+    raise ValueError(f"unknown reduction {reduction!r}; use 'token', 'sequence' or 'constant'")
 
 
 def token_mean_contribution(values: torch.Tensor, mask: torch.Tensor, normalizer: Normalizer) -> float:

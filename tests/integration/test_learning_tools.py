@@ -1,0 +1,169 @@
+"""The tooling of docs/learning.md: scripts/sweep.py (cells and their commands), bench/learning.py (the table
+and plot, on synthetic metrics files) and bench/trl_grpo_arith.py (TRL's side, one step on a tiny model)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl_apps import recipe_path
+from rl_apps.commands.grpo import GRPORunConfig
+from rl_core.config import load_config
+from rl_core.logging import read_jsonl_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["model=tiny-llama", "grpo.batch_size=2", "grpo.num_generations_per_prompt=2", "grpo.max_new_tokens=6",
+        "grpo.max_total_length=128", "grpo.val_every=1", "grpo.val_num_prompts=2", "grpo.test_num_prompts=2",
+        "data.train_size=16"]
+
+
+def load_script(relative: str):
+    spec = importlib.util.spec_from_file_location(Path(relative).stem, ROOT / relative)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+sweep = load_script("scripts/sweep.py")
+learning = load_script("bench/learning.py")
+
+
+@pytest.fixture(autouse=True)
+def _offline_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("RL_CACHE_DIR", os.environ.get("RL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "rl-cache")))
+
+
+# ------------------------------------------------------------------------------------------------ sweep
+
+
+def test_a_preset_on_the_second_task_keeps_its_algorithm_and_takes_the_tasks_keys(tmp_path):
+    args = sweep.parse_args(["--out", str(tmp_path), "--presets", "dapo", "drgrpo", "trl", "--seeds", "0", "3",
+                             "--task", "grpo_arithmetic3_smollm2.yaml", "--set", "grpo.max_steps=70"])
+    cells = sweep.plan(args)
+    assert [(c.preset, c.seed) for c in cells] == [("dapo", 0), ("drgrpo", 0), ("trl", 0), ("dapo", 3), ("drgrpo", 3),
+                                                   ("trl", 3)]
+    task = load_config(GRPORunConfig, recipe_path("grpo_arithmetic3_smollm2.yaml"), [])
+    for cell in cells[:2]:
+        assert cell.argv[:4] == ["rl", "grpo", "--config", cell.preset]
+        cfg = load_config(GRPORunConfig, recipe_path(f"{cell.preset}.yaml"), cell.argv[4:])
+        preset = load_config(GRPORunConfig, recipe_path(f"{cell.preset}.yaml"), ["grpo.max_new_tokens=48"])
+        assert cfg.data == task.data and cfg.env == task.env and cfg.val_env == task.val_env
+        assert cfg.grpo.max_new_tokens == 48 and cfg.grpo.max_steps == 70 and cfg.grpo.test_at_end
+        assert cfg.loss == preset.loss and cfg.grpo.advantage == preset.grpo.advantage and cfg.grpo.dapo == preset.grpo.dapo
+        assert cfg.seed == cell.seed and cfg.output_dir == str(tmp_path / f"{cell.preset}-s{cell.seed}")
+    trl = cells[2]
+    assert trl.argv == ["python", "bench/trl_grpo_arith.py", "--recipe", "grpo_arithmetic3_smollm2.yaml", "--seed", "0",
+                        "--out", str(tmp_path / "trl-s0"), "grpo.max_steps=70"]
+
+
+def test_a_task_not_built_on_the_main_job_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="defaults: grpo_arithmetic_smollm2.yaml"):
+        sweep.task_overrides(recipe_path("grpo_smoke_tiny.yaml"))
+
+
+def test_sweep_runs_a_cell_keeps_its_files_and_skips_it_once_finished(tmp_path, capsys):
+    argv = ["--out", str(tmp_path), "--presets", "grpo_smoke_tiny", "--set", "grpo.max_steps=1", "grpo.val_every=1",
+            "grpo.val_num_prompts=2", "grpo.test_num_prompts=2", "checkpointing.enabled=false"]
+    assert sweep.main(argv) == 0
+    cell = tmp_path / "grpo_smoke_tiny-s0"
+    info = json.loads((cell / "cell.json").read_text())
+    assert info["preset"] == "grpo_smoke_tiny" and info["library"] == "rl" and info["command"].startswith("rl grpo")
+    records = read_jsonl_metrics(cell / "metrics.jsonl")
+    assert [r["step"] for r in records if "test/accuracy" in r] == [1]
+    assert json.loads((tmp_path / "sweep.json").read_text())[0]["exit"] == 0
+    assert (cell / "run.log").is_file()
+    assert sweep.main(argv) == 0
+    assert "finished before, skipped" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def write_cell(folder: Path, preset: str, seed: int, accuracy: list[float], step_s: float, test: float,
+               library: str = "rl") -> None:
+    """Validations at steps 0, 5, 10; each step takes ``step_s`` of which validation steps spend 10 s validating."""
+    cell = folder / f"{preset}-s{seed}"
+    cell.mkdir(parents=True)
+    (cell / "cell.json").write_text(json.dumps({"preset": preset, "seed": seed, "library": library,
+                                                "command": f"cmd {preset} {seed}"}))
+    lines = [{"step": 0, "val/accuracy": accuracy[0]}]
+    for step in range(1, 11):
+        validating = step % 5 == 0
+        lines.append({"step": step, "train/time/total": step_s, "train/time/validate": 10.0 if validating else 0.0})
+        if validating:
+            lines.append({"step": step, "val/accuracy": accuracy[step // 5]})
+    lines.append({"step": 10, "test/accuracy": test})
+    (cell / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+@pytest.fixture
+def synthetic_sweep(tmp_path):
+    write_cell(tmp_path, "grpo", 0, [0.1, 0.3, 0.5], 60.0, 0.45)  # validations at 4.83 and 9.67 min
+    write_cell(tmp_path, "grpo", 1, [0.1, 0.5, 0.4], 60.0, 0.55)
+    write_cell(tmp_path, "dapo", 0, [0.1, 0.2, 0.6], 30.0, 0.60)  # 2.33 and 4.67 min
+    write_cell(tmp_path, "trl", 0, [0.1, 0.2, 0.3], 120.0, 0.25, library="trl")  # 9.83 and 19.67 min
+    return tmp_path
+
+
+def test_runs_read_wall_time_without_validation(synthetic_sweep):
+    groups = learning.read_sweep(synthetic_sweep)
+    assert list(groups) == ["dapo", "grpo", "trl"]
+    run = groups["grpo"][0]
+    assert run.steps == [0, 5, 10] and run.last_step == 10
+    assert run.minutes == pytest.approx([0.0, 290 / 60, 580 / 60])
+    assert run.at_budget(5.0) == 0.3 and run.minutes_to(0.4) == pytest.approx(580 / 60)
+    assert groups["grpo"][1].max_drop_after(5) == pytest.approx(10.0)
+    assert learning.trl_reference(groups) == pytest.approx((0.3, 1180 / 60))
+
+
+def test_report_table_means_spreads_and_trl_ratio(synthetic_sweep, tmp_path):
+    args = learning.parse_args([str(synthetic_sweep), "--budget-min", "5", "--target", "0.4", "--drop-after-step", "5",
+                                "--plot", str(tmp_path / "img" / "curve.png"), "--markdown", str(tmp_path / "r.md")])
+    assert learning.run(args) == 0
+    text = (tmp_path / "r.md").read_text()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
+    grpo, dapo, trl = rows["grpo"], rows["dapo"], rows["trl"]
+    assert grpo[1] == "0,1" and grpo[2] == "10 (9.7)"
+    assert grpo[3:8] == ["0.100", "0.500", "0.400 (0.300-0.500)", "0.500 (0.450-0.550)", "7.2 (4.8-9.7)"]
+    assert grpo[8] == "5.0 (0.0-10.0)"
+    assert grpo[9] == "4.8" and grpo[10].strip(" |") == "0.25"  # 4.83 min to TRL's best 0.3, TRL took 19.67
+    assert dapo[5] == "0.600" and dapo[9] == "4.7" and dapo[10].strip(" |") == "0.24"
+    assert trl[9] == "19.7" and trl[10].strip(" |") == "1.00"
+    assert "| 10 | 0.600 | 0.450 | 0.300 |" in text  # per step: means over seeds
+    assert "cmd grpo 1" in text
+    assert (tmp_path / "img" / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------------------------ TRL
+
+
+def test_trl_mirror_runs_one_step_in_our_metrics_format(tmp_path):
+    pytest.importorskip("trl")
+    trl_script = load_script("bench/trl_grpo_arith.py")
+    out = tmp_path / "trl-s0"
+    assert trl_script.main(["--out", str(out), "--seed", "0", *TINY, "grpo.max_steps=1"]) == 0
+    records = read_jsonl_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records if "val/accuracy" in r] == [0, 1]
+    train = [r for r in records if "train/time/total" in r]
+    assert [r["step"] for r in train] == [1]
+    assert {"train/reward_mean", "train/accuracy", "train/loss", "train/time/validate"} <= set(train[0])
+    assert [r["step"] for r in records if "test/accuracy" in r] == [1]
+    config = json.loads((out / "trl_config.json").read_text())
+    assert (config["num_generations"], config["per_device_train_batch_size"], config["max_completion_length"]) == (2, 4, 6)
+    assert (config["epsilon"], config["epsilon_high"], config["loss_type"], config["learning_rate"]) == (0.2, 0.28, "dapo", 3e-5)
+    run = learning.read_run(out)
+    assert run.steps == [0, 1] and run.test_accuracy is not None
+
+
+def test_trl_mirror_refuses_what_it_cannot_reproduce(tmp_path, capsys):
+    pytest.importorskip("trl")
+    trl_script = load_script("bench/trl_grpo_arith.py")
+    assert trl_script.main(["--recipe", "dapo", "--out", str(tmp_path / "x")]) == 2
+    assert "grpo.dapo.*" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
