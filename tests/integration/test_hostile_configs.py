@@ -67,7 +67,7 @@ def test_lora_target_error_from_a_ray_worker_is_one_line(rl, ray_session, tmp_pa
     assert result.code == 2
     [line] = result.error_lines("sft")
     # The config error crossed the process boundary whole (its problems, not a re-wrapped message).
-    assert line.startswith("rl sft: Invalid config: config: policy.lora.target_modules: ['qkv'] matched no linear")
+    assert line.startswith("rl sft: Invalid config: config: policy.lora.target_modules: ['qkv'] match no nn.Linear of llama")
     assert "q_proj" in line
     assert "Traceback" not in result.err
 

@@ -131,7 +131,8 @@ def test_lr_schedule_warmup_then_cosine():
 
 
 def _policy_keys_in_package_strings() -> dict[str, str]:
-    """Every ``policy.<key>`` written in a string of rl_backends_train (messages, docstrings) -> where."""
+    """Every ``policy.<key>`` written in a string of rl_backends_train (messages, docstrings) -> where;
+    a method call (``policy.offload(...)``) is not a key."""
     import ast
     import re
     from pathlib import Path
@@ -142,7 +143,7 @@ def _policy_keys_in_package_strings() -> dict[str, str]:
     for path in Path(rl_backends_train.__file__).parent.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                for key in re.findall(r"(?<![\w.])policy((?:\.[a-z_][a-z0-9_]*)+)", node.value):
+                for key in re.findall(r"(?<![\w.])policy((?:\.[a-z_][a-z0-9_]*)+)(?![\w(])", node.value):
                     found[key.lstrip(".")] = f"{path.name}:{node.lineno}"
     return found
 

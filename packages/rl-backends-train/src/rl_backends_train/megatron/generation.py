@@ -8,7 +8,7 @@ model-parallel group (tensor parallel, pipeline stages) as the policy is configu
 
 Memory (colocated): the KV cache exists only inside a ``generate`` call (allocated per batch of samples,
 dropped after it, the CUDA cache emptied at the end). A policy offloaded for generation
-(``policy.offload(weights=True)``, GRPO's ``colocated`` placement) gets its weights back on the device
+(the policy's ``offload(weights=True)``, GRPO's ``colocated`` placement) gets its weights back on the device
 for decoding while its optimizer state and gradients stay offloaded until ``onload``. ``sleep`` /
 ``wake`` mark the backend unavailable / available (there is no cache to free between calls).
 """
