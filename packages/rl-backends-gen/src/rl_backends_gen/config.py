@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rl_core.config.base import StrictModel
+
+
+FP8_BACKENDS = ("native", "vllm")
+"""The engines that implement ``generation.quantization: fp8``."""
 
 
 class VllmConfig(StrictModel):
@@ -78,8 +82,34 @@ class GenerationConfig(StrictModel):
     """Bytes of weights per refit message (after the cast to ``dtype``): one ``ray.put`` per bucket to
     Ray replicas, one RPC per bucket into vLLM (its RPC encoder refuses messages over 4 GiB), one
     ``update_weights_from_tensor`` per bucket into SGLang. A tensor larger than this travels alone."""
+    quantization: Literal["fp8"] | None = None
+    """fp8: the engine holds the eligible linear layers' weights in float8_e4m3fn with fp32 scales
+    (``fp8_scheme``), quantizes their activations on the fly and quantizes the new weights at every
+    refit; the LM head, embeddings, norms, MoE routers, experts stored as 3-D parameters and linears
+    with widths not a multiple of 16 stay in ``dtype``. native: ``rl_core.fp8`` (``torch._scaled_mm`` on
+    CUDA, a dequantized reference on CPU); vllm: its online FP8 quantization (needs ``dtype`` bfloat16
+    or float16). None: weights in ``dtype``. See docs/generation.md, "FP8 generation"."""
+    fp8_scheme: Literal["per_channel", "block"] = "per_channel"
+    """With ``quantization: fp8``: per_channel (one scale per output row, activations per token; vLLM
+    ``fp8_per_channel``) or block (one scale per 128 x 128 weight block, activations per 1 x 128 group;
+    vLLM ``fp8_per_block``)."""
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     sglang: SglangConfig = Field(default_factory=SglangConfig)
+
+    @model_validator(mode="after")
+    def _check_quantization(self) -> GenerationConfig:
+        if self.quantization is None:
+            if "fp8_scheme" in self.model_fields_set:
+                raise ValueError("generation.fp8_scheme is set but generation.quantization is not: add "
+                                 "generation.quantization: fp8, or remove fp8_scheme")
+            return self
+        if self.backend not in FP8_BACKENDS:
+            raise ValueError(f"generation.quantization=fp8 runs on the native and vllm backends, not "
+                             f"{self.backend}: set generation.backend to native or vllm, or remove quantization")
+        if self.backend == "vllm" and self.dtype == "float32":
+            raise ValueError("generation.quantization=fp8 with backend vllm needs generation.dtype bfloat16 or "
+                             "float16 (vLLM's FP8 kernels take 16-bit activations), not float32")
+        return self
 
 
 def config_from_settings(backend: Literal["vllm", "sglang"], settings: dict) -> GenerationConfig:
