@@ -122,20 +122,6 @@ def test_fp8_engine_sleep_and_wake_keep_the_weights(fp8_engine, tiny_prompts):
     assert completions(fp8_engine, tiny_prompts) == before
 
 
-def test_quantization_is_refused_where_it_is_not_implemented():
-    from pydantic import ValidationError
-
-    from rl_backends_gen import GenerationConfig
-
-    assert GenerationConfig(backend="native", quantization="fp8", fp8_scheme="block").fp8_scheme == "block"
-    with pytest.raises(ValidationError, match="runs on the native and vllm backends, not hf"):
-        GenerationConfig(backend="hf", quantization="fp8")
-    with pytest.raises(ValidationError, match="fp8_scheme is set but generation.quantization is not"):
-        GenerationConfig(backend="native", fp8_scheme="block")
-    with pytest.raises(ValidationError, match="quantization"):
-        GenerationConfig(backend="native", quantization="int8")
-
-
 @pytest.mark.parametrize("family", ["glm4_moe_lite", "qwen3_5_moe_text", "nemotron_h", "gpt_oss"])
 def test_fp8_engine_on_families_computes_what_the_quantized_model_computes(family, tiny_family_dir, tiny_prompts,
                                                                           training_logprobs):
