@@ -8,7 +8,6 @@ from pydantic import Field, model_validator
 
 from rl_core.config.base import StrictModel
 
-
 FP8_BACKENDS = ("native", "vllm")
 """The engines that implement ``generation.quantization: fp8``."""
 
