@@ -17,7 +17,7 @@ def vllm_fp8(**settings) -> GenerationConfig:
 
 
 def test_native_takes_both_schemes_and_the_other_backends_are_refused():
-    assert GenerationConfig(backend="native", quantization="fp8").fp8_scheme == "per_channel"
+    assert GenerationConfig(backend="native", quantization="fp8").fp8_scheme is None  # per_channel
     assert GenerationConfig(backend="native", quantization="fp8", fp8_scheme="block").fp8_scheme == "block"
     with pytest.raises(ValidationError, match="runs on the native and vllm backends, not hf"):
         GenerationConfig(backend="hf", quantization="fp8")
@@ -27,6 +27,15 @@ def test_native_takes_both_schemes_and_the_other_backends_are_refused():
         GenerationConfig(backend="native", fp8_scheme="block")
     with pytest.raises(ValidationError, match="quantization"):
         GenerationConfig(backend="native", quantization="int8")
+
+
+@pytest.mark.parametrize("settings", [{}, {"backend": "native", "quantization": "fp8"},
+                                      {"backend": "native", "quantization": "fp8", "fp8_scheme": "block"},
+                                      {"backend": "vllm", "quantization": "fp8", "device": "cuda", "dtype": "bfloat16"}])
+def test_a_dumped_config_validates_again(settings):
+    """What a Ray replica and a resumed run do: ``model_validate(cfg.model_dump())``."""
+    cfg = GenerationConfig(**settings)
+    assert GenerationConfig.model_validate(cfg.model_dump()) == cfg
 
 
 def test_vllm_fp8_maps_to_vllms_online_fp8():

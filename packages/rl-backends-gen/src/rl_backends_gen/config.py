@@ -88,16 +88,16 @@ class GenerationConfig(StrictModel):
     scales (``torch._scaled_mm`` on CUDA, a dequantized reference on CPU); vllm: ``quantization="fp8"``,
     vLLM's online FP8 (its own per-tensor weight scales; CUDA only, ``dtype`` bfloat16 or float16).
     None: weights in ``dtype``. See docs/generation.md, "FP8 generation"."""
-    fp8_scheme: Literal["per_channel", "block"] = "per_channel"
-    """backend native with ``quantization: fp8``: per_channel (one scale per output row, activations per
-    token) or block (one scale per 128 x 128 weight block, activations per 1 x 128 group)."""
+    fp8_scheme: Literal["per_channel", "block"] | None = None
+    """backend native with ``quantization: fp8``: per_channel (the default: one scale per output row,
+    activations per token) or block (one scale per 128 x 128 weight block, activations per 1 x 128 group)."""
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     sglang: SglangConfig = Field(default_factory=SglangConfig)
 
     @model_validator(mode="after")
     def _check_quantization(self) -> GenerationConfig:
         if self.quantization is None:
-            if "fp8_scheme" in self.model_fields_set:
+            if self.fp8_scheme is not None:
                 raise ValueError("generation.fp8_scheme is set but generation.quantization is not: add "
                                  "generation.quantization: fp8, or remove fp8_scheme")
             return self
@@ -120,7 +120,7 @@ def check_vllm_fp8(cfg: GenerationConfig) -> None:
     if cfg.dtype == "float32":
         raise ValueError("generation.quantization=fp8 with backend vllm needs generation.dtype bfloat16 or "
                          "float16 (vLLM's FP8 kernels take 16-bit activations), not float32")
-    if "fp8_scheme" in cfg.model_fields_set:
+    if cfg.fp8_scheme is not None:
         raise ValueError("generation.fp8_scheme applies to backend native only: vLLM's online FP8 picks its own "
                          "(per-tensor) weight scales; remove generation.fp8_scheme")
 

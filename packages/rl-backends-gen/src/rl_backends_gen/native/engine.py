@@ -73,13 +73,13 @@ class NativeEngine:
             prompt, a template: at least 8) run that prefix once, its keys/values copied to every
             row; the rest of each prompt attends to it. The same function, fewer prefill FLOPs.
         quantization: "fp8": the eligible linears' weights in float8_e4m3fn with ``fp8_scheme`` scales
-            ("per_channel" or "block"), re-quantized at every refit (see ``native/fp8.py``).
+            ("per_channel", the default, or "block"), re-quantized at every refit (see ``native/fp8.py``).
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 64,
                  max_seq_len: int | None = None, seed: int | None = None, tokenizer=None,
                  max_prefill_tokens: int = 16384, share_prompt_prefix: bool = True, quantization: str | None = None,
-                 fp8_scheme: str = "per_channel"):
+                 fp8_scheme: str | None = None):
         from transformers import AutoModelForCausalLM
 
         if dtype not in DTYPES:

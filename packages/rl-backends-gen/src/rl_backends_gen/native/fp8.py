@@ -29,11 +29,12 @@ ENGINE_READS_WEIGHT: tuple[str, ...] = ("kv_b_proj",)
 
 
 def quantize_engine_weights(model: nn.Module, quantization: Literal["fp8"] | None,
-                            scheme: Literal["per_channel", "block"] = "per_channel") -> list[str]:
-    """Convert ``model``'s eligible linears to FP8 in place when ``quantization == "fp8"``; returns the
-    converted module paths (empty without quantization)."""
+                            scheme: Literal["per_channel", "block"] | None = None) -> list[str]:
+    """Convert ``model``'s eligible linears to FP8 in place when ``quantization == "fp8"``, with
+    ``scheme`` scales (None: per_channel); returns the converted module paths (empty without quantization)."""
     if quantization is None:
         return []
     if quantization != "fp8":
         raise ValueError(f"quantization must be 'fp8' or None, got {quantization!r}")
-    return quantize_linear_weights_(model, scheme, skip_modules=DEFAULT_SKIP_MODULES + ENGINE_READS_WEIGHT)
+    return quantize_linear_weights_(model, scheme or "per_channel",
+                                    skip_modules=DEFAULT_SKIP_MODULES + ENGINE_READS_WEIGHT)
