@@ -7,6 +7,7 @@
 #   - LoRA: adapters trained, merged and refit into the native engine
 #   - rl grpo: 3 colocated steps, CUDA memory after every phase ($OUT/grpo_memory.txt)
 #   - Ray on one GPU: two engine replicas at 0.5 GPU each, a DTensor policy in an actor
+#   - FP8: _scaled_mm vs the reference, DTensor FP8 training, FP8 generation in the native engine
 #   - gen-gpu: native engine vs HF generate tokens/s (bench/gen_gpu.py)
 #
 #   here:    bash scripts/gpu_wheels.sh       # once: what the device image lacks, into .cache/gpu-wheels
@@ -65,9 +66,12 @@ run_pytest engines-and-training 300 tests/rl_backends_gen/test_native_cuda.py te
 run_pytest grpo-colocated 150 tests/gpu_checks/test_grpo_colocated_cuda.py
 run_pytest ray-one-gpu 150 tests/gpu_checks/test_ray_one_gpu.py
 # FP8 (issue 24): torch._scaled_mm against the CPU reference, DTensor FP8 training (torchao float8:
-# tensorwise, rowwise, blockwise) against bf16. Needs torchao (gpu_wheels.sh carries it); the Megatron
-# FP8 tests need Transformer Engine, which the image lacks: they skip.
-run_pytest fp8 120 tests/rl_core/test_fp8_numerics.py tests/rl_backends_train/test_fp8_training.py
+# tensorwise, rowwise, blockwise) against bf16, FP8 generation in the native engine (_scaled_mm path vs
+# an HF model with the same FP8 linears, greedy vs bf16, refit re-quantization, sleep/wake). Needs
+# torchao (gpu_wheels.sh carries it); the Megatron FP8 tests need Transformer Engine, which the image
+# lacks: they skip.
+run_pytest fp8 150 tests/rl_core/test_fp8_numerics.py tests/rl_backends_train/test_fp8_training.py \
+    tests/gpu_checks/test_fp8_generation_cuda.py
 
 start=$SECONDS
 if [[ "$has_cuda" == 1 ]]; then

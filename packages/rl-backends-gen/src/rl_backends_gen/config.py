@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rl_core.config.base import StrictModel
+
+FP8_BACKENDS = ("native", "vllm")
+"""The engines that implement ``generation.quantization: fp8``."""
 
 
 class VllmConfig(StrictModel):
@@ -78,8 +81,48 @@ class GenerationConfig(StrictModel):
     """Bytes of weights per refit message (after the cast to ``dtype``): one ``ray.put`` per bucket to
     Ray replicas, one RPC per bucket into vLLM (its RPC encoder refuses messages over 4 GiB), one
     ``update_weights_from_tensor`` per bucket into SGLang. A tensor larger than this travels alone."""
+    quantization: Literal["fp8"] | None = None
+    """fp8: the engine holds the eligible linear layers' weights in float8_e4m3fn with fp32 scales,
+    quantizes their activations on the fly and quantizes the new weights at every refit; the LM head,
+    embeddings, norms and MoE routers stay in ``dtype``. native: ``rl_core.fp8`` with ``fp8_scheme``
+    scales (``torch._scaled_mm`` on CUDA, a dequantized reference on CPU); vllm: ``quantization="fp8"``,
+    vLLM's online FP8 (its own per-tensor weight scales; CUDA only, ``dtype`` bfloat16 or float16).
+    None: weights in ``dtype``. See docs/generation.md, "FP8 generation"."""
+    fp8_scheme: Literal["per_channel", "block"] | None = None
+    """backend native with ``quantization: fp8``: per_channel (the default: one scale per output row,
+    activations per token) or block (one scale per 128 x 128 weight block, activations per 1 x 128 group)."""
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     sglang: SglangConfig = Field(default_factory=SglangConfig)
+
+    @model_validator(mode="after")
+    def _check_quantization(self) -> GenerationConfig:
+        if self.quantization is None:
+            if self.fp8_scheme is not None:
+                raise ValueError("generation.fp8_scheme is set but generation.quantization is not: add "
+                                 "generation.quantization: fp8, or remove fp8_scheme")
+            return self
+        if self.backend not in FP8_BACKENDS:
+            raise ValueError(f"generation.quantization=fp8 runs on the native and vllm backends, not "
+                             f"{self.backend}: set generation.backend to native or vllm, or remove quantization")
+        if self.backend == "vllm":
+            check_vllm_fp8(self)
+        return self
+
+
+def check_vllm_fp8(cfg: GenerationConfig) -> None:
+    """What vLLM's ``quantization="fp8"`` needs: a CUDA GPU (vLLM's FP8 W8A8 linear method has no CPU
+    kernels: its quantization hardware table marks FP8 unsupported on x86 CPU), 16-bit activations,
+    and its own scale layout (online FP8 quantizes each weight with one per-tensor scale)."""
+    if cfg.device != "cuda":
+        raise ValueError("generation.quantization=fp8 with backend vllm needs generation.device cuda: vLLM's FP8 "
+                         "linear kernels run on NVIDIA GPUs of compute capability >= 8.9 only (none on CPU); "
+                         "use generation.backend native for FP8 on CPU")
+    if cfg.dtype == "float32":
+        raise ValueError("generation.quantization=fp8 with backend vllm needs generation.dtype bfloat16 or "
+                         "float16 (vLLM's FP8 kernels take 16-bit activations), not float32")
+    if cfg.fp8_scheme is not None:
+        raise ValueError("generation.fp8_scheme applies to backend native only: vLLM's online FP8 picks its own "
+                         "(per-tensor) weight scales; remove generation.fp8_scheme")
 
 
 def config_from_settings(backend: Literal["vllm", "sglang"], settings: dict) -> GenerationConfig:

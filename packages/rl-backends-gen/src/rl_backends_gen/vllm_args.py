@@ -69,6 +69,11 @@ def engine_kwargs(cfg: GenerationConfig, model_path: str, max_model_len: int, *,
         kwargs["distributed_executor_backend"] = "mp"
     if sleep_mode(cfg):
         kwargs["enable_sleep_mode"] = True
+    if cfg.quantization == "fp8":
+        # Online FP8: vLLM loads the high-precision checkpoint and quantizes each linear weight in
+        # process_weights_after_loading; the layer-wise reload of a refit (vllm_worker) runs that step
+        # again on the new weights, so they are re-quantized with fresh scales.
+        kwargs["quantization"] = "fp8"
     return kwargs
 
 

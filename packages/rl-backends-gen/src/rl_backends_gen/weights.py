@@ -7,16 +7,23 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
+from rl_core.fp8 import fp8_layers_by_weight_name
+
 
 def copy_weights_in_place(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping) -> int:
     """Copy each tensor into the parameter or buffer of the same HF name; return how many were copied.
 
     Tied weights (``lm_head.weight`` sharing ``model.embed_tokens.weight``) answer to both names, so
-    either name updates the shared tensor. Storage is never reallocated, so anything holding views
-    of the weights (and the KV cache) stays valid. An unknown name or a shape mismatch raises
-    ValueError; tensors copied before the bad one stay copied (the stream may be a generator).
+    either name updates the shared tensor. The weight of an FP8 layer (``rl_core.fp8.Fp8Linear``) is
+    rounded to the model's high-precision dtype, then re-quantized into the layer's e4m3 weight and
+    its scales (``load_weight``): a plain copy into the e4m3 buffer would keep the old scales. Storage
+    is never reallocated, so anything holding views of the weights (and the KV cache) stays valid. An
+    unknown name or a shape mismatch raises ValueError; tensors copied before the bad one stay copied
+    (the stream may be a generator).
     """
     targets = model.state_dict(keep_vars=True)  # includes tied duplicates under both names
+    fp8_layers = fp8_layers_by_weight_name(model)
+    dtype = high_precision_dtype(model) if fp8_layers else None
     items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
     copied = 0
     with torch.no_grad():
@@ -30,9 +37,17 @@ def copy_weights_in_place(model: torch.nn.Module, named_tensors: Iterable[tuple[
                 raise ValueError(
                     f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the model's is {tuple(target.shape)}"
                 )
-            target.copy_(tensor)
+            if name in fp8_layers:
+                fp8_layers[name].load_weight(tensor.to(dtype))
+            else:
+                target.copy_(tensor)
             copied += 1
     return copied
+
+
+def high_precision_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of the model's floating-point parameters (FP8 layers hold buffers, not parameters)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -24,6 +24,7 @@ import torch
 
 from rl_backends_gen.native.attention import ATTENTION_NAME, register_attention
 from rl_backends_gen.native.cache import EngineCache
+from rl_backends_gen.native.fp8 import quantize_engine_weights
 from rl_backends_gen.native.layers import build_layer_caches
 from rl_backends_gen.native.rows import ActiveRows, RowInfo
 from rl_backends_gen.native.sampling import call_base_seed, draw_uniforms, sample_seed, sample_tokens
@@ -71,11 +72,14 @@ class NativeEngine:
         share_prompt_prefix: the prompts of one prefill that start with the same tokens (a system
             prompt, a template: at least 8) run that prefix once, its keys/values copied to every
             row; the rest of each prompt attends to it. The same function, fewer prefill FLOPs.
+        quantization: "fp8": the eligible linears' weights in float8_e4m3fn with ``fp8_scheme`` scales
+            ("per_channel", the default, or "block"), re-quantized at every refit (see ``native/fp8.py``).
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 64,
                  max_seq_len: int | None = None, seed: int | None = None, tokenizer=None,
-                 max_prefill_tokens: int = 16384, share_prompt_prefix: bool = True):
+                 max_prefill_tokens: int = 16384, share_prompt_prefix: bool = True, quantization: str | None = None,
+                 fp8_scheme: str | None = None):
         from transformers import AutoModelForCausalLM
 
         if dtype not in DTYPES:
@@ -103,6 +107,8 @@ class NativeEngine:
         # One cache per decoder layer, of its kind (see cache.py); refuses layers the engine lacks.
         layers = build_layer_caches(self.model, max_batch_size, self.max_seq_len, self.dtype, self.device)
         self.cache = EngineCache(layers, max_batch_size, self.max_seq_len, self.dtype)
+        # After the caches: their construction recognises attention by its nn.Linear projections.
+        self.fp8_layers = quantize_engine_weights(self.model, quantization, fp8_scheme)
         self.stats = EngineStats()
         self.asleep = False
         self._logits_buffer = self._work_buffer = None  # [max_batch_size, V] float32, made on first use
