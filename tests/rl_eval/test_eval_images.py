@@ -94,3 +94,13 @@ def test_eval_on_an_image_jsonl(vlm_dir, tmp_path, capsys):
 def test_a_text_only_generation_backend_is_refused(vlm_dir, capsys):
     assert main([f"model={vlm_dir}", SHAPES, "generation.backend=sglang", "progress=false"]) == 2
     assert "is a vision-language model; generation.backend='sglang' takes text prompts only" in capsys.readouterr().err
+
+
+def test_rl_eval_dry_run_shows_the_item_with_its_image_tokens(vlm_dir, capsys):
+    pytest.importorskip("rl_apps")
+    from rl_apps.cli import main as rl_main
+
+    assert rl_main(["eval", f"model={vlm_dir}", SHAPES, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "sample    shapes-validation, item 1: " in out and "(4 image tokens, ⟨ ⟩)" in out
+    assert "<|vision_start|>⟨image 32x32 px: 4 tokens⟩<|vision_end|>What colour is the largest shape?" in out

@@ -28,6 +28,12 @@ class ImageChatTokenizer:
             raise AttributeError(name)
         return getattr(self.tokenizer, name)
 
+    def __len__(self) -> int:  # special methods skip __getattr__
+        return len(self.tokenizer)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.tokenizer(*args, **kwargs)
+
     @property
     def placeholder_token_ids(self) -> tuple[int, ...]:
         """The ids that stand for image (and video) features in the model's input: never valid model output."""
