@@ -91,11 +91,16 @@ def tiny_family_dir(tmp_path_factory):
     ``rl_core.models.tiny.FAMILIES``) and its tokenizer, built once per session."""
     from rl_core.models import save_tiny_model
 
+    return _built_once_per_family(tmp_path_factory, save_tiny_model)
+
+
+def _built_once_per_family(tmp_path_factory, save):
+    """``get(family)``: the directory ``save(folder, family=family)`` writes, built on the first call."""
     built: dict[str, str] = {}
 
     def get(family: str) -> str:
         if family not in built:
-            built[family] = str(save_tiny_model(tmp_path_factory.mktemp(f"tiny-{family}"), family=family))
+            built[family] = str(save(tmp_path_factory.mktemp(f"tiny-{family}"), family=family))
         return built[family]
 
     return get
@@ -121,14 +126,7 @@ def tiny_vlm_dir(tmp_path_factory):
     (``rl_core.models.tiny_vlm.VLM_FAMILIES``, default size: 32 px images, 4 tokens each) and its processor."""
     from rl_core.models.tiny_vlm import save_tiny_vlm
 
-    built: dict[str, str] = {}
-
-    def get(family: str) -> str:
-        if family not in built:
-            built[family] = str(save_tiny_vlm(tmp_path_factory.mktemp(f"tiny-{family}"), family=family))
-        return built[family]
-
-    return get
+    return _built_once_per_family(tmp_path_factory, save_tiny_vlm)
 
 
 @pytest.fixture(scope="session")

@@ -12,38 +12,22 @@ import pytest
 from rl_apps import recipe_path
 from rl_apps.commands import grpo
 from rl_core.config import ConfigError, load_config
-from rl_core.logging import read_jsonl_metrics
-
-NOT_COMPARED = ("train/time/", "train/throughput/", "train/memory/", "timestamp")
-
-
-def overrides(model: str, out: Path, *extra: str) -> list[str]:
-    return [f"model={model}", f"output_dir={out}", "data.train_size=8", "data.validation_size=2",
-            "grpo.batch_size=2", "grpo.val_every=3", "grpo.val_num_prompts=2", "checkpointing.every_n_steps=1",
-            "logger.progress_bar=false", "logger.plot=false", *extra]
 
 
 def run(model: str, out: Path, *extra: str) -> None:
-    cfg = load_config(grpo.CONFIG_CLASS, recipe_path("grpo_vlm_shapes_tiny.yaml"), overrides(model, out, *extra))
+    cfg = load_config(grpo.CONFIG_CLASS, recipe_path("grpo_vlm_shapes_tiny.yaml"), [
+        f"model={model}", f"output_dir={out}", "data.train_size=8", "data.validation_size=2", "grpo.batch_size=2",
+        "grpo.val_every=3", "grpo.val_num_prompts=2", "checkpointing.every_n_steps=1", "logger.progress_bar=false",
+        "logger.plot=false", *extra])
     assert grpo.run(cfg) == 0
 
 
-def step_metrics(out: Path, step: int) -> dict:
-    merged: dict = {}
-    for record in read_jsonl_metrics(out / "metrics.jsonl"):
-        if record["step"] == step:
-            merged.update(record)
-    return {k: v for k, v in merged.items() if not k.startswith(NOT_COMPARED)}
-
-
 @pytest.fixture(scope="module")
-def tiny_vlm(tmp_path_factory) -> str:
-    from rl_core.models.tiny_vlm import save_tiny_vlm
-
-    return str(save_tiny_vlm(tmp_path_factory.mktemp("tiny-qwen2_5_vl"), family="qwen2_5_vl"))
+def tiny_vlm(tiny_vlm_dir) -> str:
+    return tiny_vlm_dir("qwen2_5_vl")
 
 
-def test_three_steps_with_refit_agree_on_logprobs_and_resume_exactly(tiny_vlm, tmp_path):
+def test_three_steps_with_refit_agree_on_logprobs_and_resume_exactly(tiny_vlm, tmp_path, step_metrics):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run(tiny_vlm, straight, "grpo.max_steps=3")
     steps = [step_metrics(straight, s) for s in (1, 2, 3)]
@@ -59,10 +43,8 @@ def test_three_steps_with_refit_agree_on_logprobs_and_resume_exactly(tiny_vlm, t
 
 
 def test_a_text_only_generation_backend_is_refused(tiny_vlm, tmp_path):
-    cfg = load_config(grpo.CONFIG_CLASS, recipe_path("grpo_vlm_shapes_tiny.yaml"),
-                      overrides(tiny_vlm, tmp_path / "run", "generation.backend=sglang"))
     with pytest.raises(ConfigError, match="'sglang' takes text prompts only"):
-        grpo.run(cfg)
+        run(tiny_vlm, tmp_path / "run", "generation.backend=sglang")
     assert not (tmp_path / "run").exists()
 
 

@@ -12,9 +12,9 @@ from pydantic import Field
 from rl_core.config import StrictModel
 from rl_core.types import PromptSample
 from rl_environments import ArithmeticDatasetConfig, CountdownDatasetConfig
-from rl_environments.shapes import ShapesDatasetConfig
 from rl_environments.config import PromptFieldsConfig
 from rl_environments.datasets import load_prompt_file
+from rl_environments.shapes import ShapesDatasetConfig
 from rl_eval.errors import EvalError
 
 
