@@ -48,13 +48,14 @@ def test_a_text_only_generation_backend_is_refused(tiny_vlm, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_dry_run_shows_the_prompt_with_its_image_tokens(tiny_vlm, tmp_path, capsys):
+@pytest.mark.parametrize(("recipe", "grader"), [("grpo_vlm_shapes_tiny", "reward_function"), ("grpo_vlm_shapes", "shapes")])
+def test_dry_run_shows_the_prompt_with_its_image_tokens(tiny_vlm, tmp_path, capsys, recipe, grader):
     from rl_apps.cli import main
 
-    code = main(["grpo", "--config", "grpo_vlm_shapes_tiny", f"model={tiny_vlm}", f"output_dir={tmp_path / 'run'}",
-                 "--dry-run"])
+    code = main(["grpo", "--config", recipe, f"model={tiny_vlm}", f"output_dir={tmp_path / 'run'}", "--dry-run"])
     out = capsys.readouterr().out
     assert code == 0, out
+    assert f"graded by env.name='{grader}'" in out
     assert "sample    training prompt 1: " in out and "(4 image tokens, ⟨ ⟩)" in out
     assert "<|vision_start|>⟨image 32x32 px: 4 tokens⟩<|vision_end|>What colour is the largest shape?" in out
     assert not (tmp_path / "run").exists()
