@@ -91,11 +91,16 @@ def tiny_family_dir(tmp_path_factory):
     ``rl_core.models.tiny.FAMILIES``) and its tokenizer, built once per session."""
     from rl_core.models import save_tiny_model
 
+    return _built_once_per_family(tmp_path_factory, save_tiny_model)
+
+
+def _built_once_per_family(tmp_path_factory, save):
+    """``get(family)``: the directory ``save(folder, family=family)`` writes, built on the first call."""
     built: dict[str, str] = {}
 
     def get(family: str) -> str:
         if family not in built:
-            built[family] = str(save_tiny_model(tmp_path_factory.mktemp(f"tiny-{family}"), family=family))
+            built[family] = str(save(tmp_path_factory.mktemp(f"tiny-{family}"), family=family))
         return built[family]
 
     return get
@@ -113,3 +118,46 @@ def documented_families() -> dict[str, dict[str, str]]:
             for line in section.splitlines() if line.startswith("|") and not line.startswith("|---")]
     header, body = rows[0], rows[1:]
     return {row[0].split()[0]: dict(zip(header, row)) for row in body}
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory):
+    """``tiny_vlm_dir(family)``: an HF directory holding the tiny vision-language model of ``family``
+    (``rl_core.models.tiny_vlm.VLM_FAMILIES``, default size: 32 px images, 4 tokens each) and its processor."""
+    from rl_core.models.tiny_vlm import save_tiny_vlm
+
+    return _built_once_per_family(tmp_path_factory, save_tiny_vlm)
+
+
+@pytest.fixture(scope="session")
+def vlm_training_logprobs():
+    """``vlm_training_logprobs(model, prompts, completions, temperature)``: what the DTensor backend computes for
+    a vision-language model: ONE forward over right-padded prompt + completion rows with each row's image tensors
+    (``rl_core.vision_batch``) and Qwen-VL's ``mm_token_type_ids`` (the prompt's, zeros after it), then
+    ``log_softmax(logits / T)`` at each completion token. ``prompts``: EncodedChats; one [len(completion)] per row."""
+    from rl_core.vision_batch import forward_image_inputs, image_rows
+
+    def compute(model, prompts, completions, temperature: float = 1.0) -> list[torch.Tensor]:
+        rows = [list(p.input_ids) + list(c) for p, c in zip(prompts, completions)]
+        width = max(len(r) for r in rows)
+        input_ids = torch.zeros(len(rows), width, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        token_types = torch.zeros_like(input_ids)
+        for i, (row, prompt) in enumerate(zip(rows, prompts)):
+            input_ids[i, : len(row)] = torch.tensor(row)
+            attention_mask[i, : len(row)] = 1
+            if prompt.mm_token_type_ids is not None:
+                token_types[i, : len(prompt.input_ids)] = torch.tensor(prompt.mm_token_type_ids)
+        extra = forward_image_inputs(image_rows([p.image_inputs for p in prompts]))
+        if prompts[0].mm_token_type_ids is not None:
+            extra["mm_token_type_ids"] = token_types
+        with torch.no_grad():
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, **extra).logits.float()
+        logprobs = torch.log_softmax(logits / temperature, dim=-1)
+        out = []
+        for i, (p, c) in enumerate(zip(prompts, completions)):
+            positions = torch.arange(len(p.input_ids) - 1, len(p.input_ids) + len(c) - 1)
+            out.append(logprobs[i, positions, torch.tensor(c, dtype=torch.long)])
+        return out
+
+    return compute

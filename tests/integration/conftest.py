@@ -58,6 +58,21 @@ def metrics_lines():
 
 
 @pytest.fixture
+def step_metrics():
+    """``step_metrics(out, step)``: every metric logged at ``step`` in ``<out>/metrics.jsonl`` (its lines merged),
+    without wall-clock measurements."""
+
+    def merged(out: Path, step: int) -> dict:
+        found: dict = {}
+        for line in _metrics_lines(out):
+            if line["step"] == step:
+                found.update(line)
+        return found
+
+    return merged
+
+
+@pytest.fixture
 def tree():
     """``tree(folder)``: every path under ``folder`` with a file's bytes (None for a directory)."""
     return _tree

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rl_apps.preview import describe_model, describe_splits, out, show_messages_prompt, show_sample
+from rl_apps.preview import describe_model, describe_splits, out, show_messages_prompt, show_prompt, show_sample
 from rl_apps.run_setup import load_splits, resolve_with_tokenizer, start_run
+from rl_apps.vision_setup import image_chat_tokenizer
 
 
 def dry_run(command: str, cfg: Any) -> int:
@@ -42,6 +43,8 @@ def _grpo(cfg) -> None:
         build_env(cfg.val_env, "val_env")
     model_path, tokenizer = start_run(cfg)
     describe_model("model", cfg.model, model_path, tokenizer)
+    tokenizer = image_chat_tokenizer(model_path, tokenizer, generation_backend=cfg.generation.backend,
+                                     policy=cfg.policy)
     check = prompt_length_check(tokenizer, cfg.grpo.max_total_length)
     train = cfg.data.load("train", check=check)
     val = cfg.data.load("validation", cfg.grpo.val_num_prompts, check) if cfg.grpo.val_every > 0 else None
@@ -50,7 +53,7 @@ def _grpo(cfg) -> None:
     show_messages_prompt("sample    training prompt 1", tokenizer, sample.messages,
                          f"graded by env.name={cfg.env.name!r}; the loss is on the policy's {cfg.grpo.num_generations_per_prompt} "
                          f"samples of up to grpo.max_new_tokens={cfg.grpo.max_new_tokens} tokens each",
-                         sample.metadata)
+                         sample.metadata, model_path)
 
 
 def _supervised(load: Callable[[Any, Any], Callable[[str], Any]], show: Callable[[Any, Any], None]):
@@ -143,8 +146,8 @@ def _eval(cfg) -> None:
         describe_model("model", cfg.model, model_dir, tokenizer)
         for dataset, name, samples in datasets:
             out(f"{'data':<10}{name}: {len(samples)} items, graded by {dataset.grader_config().name!r}")
-            ids = render_prompt(tokenizer, samples[0], dataset.prompt_template)
-            show_sample(f"sample    {name}, item 1", tokenizer, ids)
+            prompt = render_prompt(tokenizer, samples[0], dataset.prompt_template)
+            show_prompt(f"sample    {name}, item 1", tokenizer, prompt, model_dir)
             if samples[0].metadata:
                 out(f"{'':<10}metadata: {samples[0].metadata}")
         out(f"{'':<10}{cfg.sampling.n} samples per item of up to sampling.max_new_tokens={cfg.sampling.max_new_tokens} "

@@ -150,11 +150,23 @@ def show_sample(title: str, tokenizer, input_ids: Sequence[int], loss_mask: Sequ
     out(RULE)
 
 
+def show_prompt(title: str, tokenizer, prompt, model_path: str | None = None) -> None:
+    """A generation prompt: token ids, or an ``EncodedChat`` whose images are shown as their notes."""
+    if hasattr(prompt, "image_inputs"):  # a vision-language model's chat with images
+        show_sample(title, tokenizer, prompt.input_ids, images=image_notes(model_path, prompt.input_ids,
+                                                                           prompt.image_inputs))
+    else:
+        show_sample(title, tokenizer, prompt)
+
+
 def show_messages_prompt(title: str, tokenizer, messages: list[dict[str, str]], note: str,
-                         metadata: dict[str, Any] | None = None) -> None:
-    """A chat prompt rendered with the generation prompt, the text the policy continues."""
-    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
-    show_sample(title, tokenizer, ids)
+                         metadata: dict[str, Any] | None = None, model_path: str | None = None) -> None:
+    """A chat prompt rendered with the generation prompt, the text the policy continues (with a vision-language
+    model's tokenizer, its images expanded into their tokens)."""
+    encode = getattr(tokenizer, "encode_image_chat", None)
+    show_prompt(title, tokenizer, encode(messages) if encode is not None else
+                tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False),
+                model_path)
     if metadata:
         out(f"{'':<10}metadata: {metadata}")
     out(f"{'':<10}{note}")

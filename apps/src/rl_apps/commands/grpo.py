@@ -17,6 +17,7 @@ from rl_apps import recipe_path
 from rl_apps.run_config import RunConfig
 from rl_apps.run_setup import check_fits_context, open_run, report_loaded, start_run
 from rl_apps.validation import make_validate_fn
+from rl_apps.vision_setup import image_chat_tokenizer
 from rl_backends_gen import GenerationConfig, build_generation_backend
 from rl_core.config import ConfigError, ConfigProblem
 from rl_environments import ArithmeticDatasetConfig, DatasetConfig, EnvConfig
@@ -83,6 +84,9 @@ def run(cfg: GRPORunConfig) -> int:
     environment = build_env(cfg.env, "env")
     val_environment = build_env(cfg.val_env, "val_env") if cfg.val_env is not None else environment
     model_path, tokenizer = start_run(cfg)
+    # A vision-language model's prompts hold images: its processor renders them (docs/vlm.md).
+    tokenizer = image_chat_tokenizer(model_path, tokenizer, generation_backend=cfg.generation.backend,
+                                     policy=cfg.policy)
     check_fits_context(model_path, {"grpo.max_new_tokens": cfg.grpo.max_new_tokens,
                                     "grpo.max_total_length": cfg.grpo.max_total_length,
                                     "generation.max_seq_len": cfg.generation.max_seq_len})

@@ -6,7 +6,9 @@ from collections.abc import Sequence
 
 import torch
 
+from rl_core.protocols import Prompt
 from rl_core.types import SamplingParams
+from rl_core.vision_inputs import EncodedChat
 
 
 def validate_sampling(sampling: SamplingParams, *, has_tokenizer: bool = True) -> None:
@@ -28,12 +30,20 @@ def validate_sampling(sampling: SamplingParams, *, has_tokenizer: bool = True) -
         raise ValueError("stop_strings need a tokenizer to decode text; pass tokenizer=... to the backend")
 
 
-def validate_prompts(prompts: Sequence[Sequence[int]], *, vocab_size: int, max_seq_len: int | None) -> list[list[int]]:
-    """Return the prompts as lists of ints, or raise ValueError naming the bad prompt."""
+def validate_prompts(prompts: Sequence[Prompt], *, vocab_size: int, max_seq_len: int | None,
+                     backend: str | None = None) -> list[list[int]]:
+    """Return the prompts' token ids as lists of ints (an ``EncodedChat``'s ``input_ids``), or raise ValueError
+    naming the bad prompt. A ``backend`` named here takes text only: a prompt with images is refused, never
+    generated without its images."""
     if isinstance(prompts, (str, bytes)):
         raise ValueError("prompts must be a list of token-id lists, got a string; tokenize it first")
     checked = []
     for index, prompt in enumerate(prompts):
+        if isinstance(prompt, EncodedChat):
+            if backend is not None and prompt.has_images:
+                raise ValueError(f"prompt {index} holds images but the {backend} backend takes text prompts only; "
+                                 "use generation.backend: native (or hf) for a vision-language model")
+            prompt = prompt.input_ids
         if isinstance(prompt, (str, bytes)):
             raise ValueError(f"prompt {index} is a string; prompts must be token ids (tokenize first)")
         ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
@@ -61,3 +71,9 @@ def default_stop_token_ids(tokenizer, model_config, generation_config=None) -> t
             if isinstance(token, int) and token not in found:
                 found.append(token)
     return tuple(found)
+
+
+def image_prompts(prompts: Sequence[Prompt]) -> list[EncodedChat | None] | None:
+    """Each prompt's ``EncodedChat`` when it has images (else None); None when no prompt has images."""
+    found = [p if isinstance(p, EncodedChat) and p.has_images else None for p in prompts]
+    return found if any(p is not None for p in found) else None

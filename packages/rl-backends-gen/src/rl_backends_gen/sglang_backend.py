@@ -119,7 +119,8 @@ class SglangBackend:
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:
         validate_sampling(sampling)
-        prompts = validate_prompts(prompts, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len)
+        prompts = validate_prompts(prompts, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len,
+                                   backend="sglang")
         if not prompts:
             return []
         # One request per sample keeps the output order simple; SGLang's radix cache shares the prefix.

@@ -91,7 +91,8 @@ class VllmBackend:
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:
         validate_sampling(sampling)
-        prompts = validate_prompts(prompts, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len)
+        prompts = validate_prompts(prompts, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len,
+                                   backend="vllm")
         if not prompts:
             return []
         self._set_temperature(1.0 if sampling.greedy else sampling.temperature)
@@ -109,7 +110,8 @@ class VllmBackend:
         if not self.async_engine:
             raise RuntimeError("agenerate needs generation.vllm.async_engine=true")
         validate_sampling(sampling)
-        (prompt,) = validate_prompts([prompt], vocab_size=self.vocab_size, max_seq_len=self.max_seq_len)
+        (prompt,) = validate_prompts([prompt], vocab_size=self.vocab_size, max_seq_len=self.max_seq_len,
+                                     backend="vllm")
         wanted = 1.0 if sampling.greedy else sampling.temperature
         if wanted != self._scale_temperature():
             raise RuntimeError("the async vLLM engine holds one temperature at a time; call generate() once with "

@@ -9,14 +9,21 @@ import torch
 
 from rl_core.batch import Batch
 from rl_core.types import Completion, ModelOutputs, Normalizer, SamplingParams, StepResult
+from rl_core.vision_inputs import EncodedChat
+
+Prompt = Sequence[int] | EncodedChat
+"""A prompt's token ids; or, for a vision-language model, its chat through the model's processor
+(``rl_core.vision_inputs.encode_chat``): token ids with the image tokens expanded, the image tensors, the
+images themselves (and Qwen-VL's ``mm_token_type_ids``)."""
 
 
 @runtime_checkable
 class GenerationBackend(Protocol):
-    """Turns prompts (token ids) into completions with per-token logprobs."""
+    """Turns prompts (token ids, with images for a vision-language model) into completions with per-token logprobs."""
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:
-        """``sampling.n`` completions for every prompt, in prompt order: ``result[i][j]``."""
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[list[Completion]]:
+        """``sampling.n`` completions for every prompt, in prompt order: ``result[i][j]``. A prompt with images
+        (an ``EncodedChat``) runs its images once, shared by its n samples."""
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -15,7 +15,7 @@ into micro-batches and shards by sequence, so each sequence keeps its own image 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -29,13 +29,20 @@ Layout = Literal["flat", "batched"]
 
 @dataclass
 class EncodedChat:
-    """One chat rendered with its chat template and run through the processor."""
+    """One chat rendered with its chat template and run through the processor: a training row's inputs, and a
+    prompt of ``GenerationBackend.generate`` (``rl_core.protocols.Prompt``) with its images."""
 
     input_ids: list[int]
     image_inputs: dict[str, torch.Tensor]
     """This sequence's image tensors as the processor returns them for it alone (empty without images)."""
     mm_token_type_ids: list[int] | None = None
     """Qwen-VL: 1 on image tokens, 0 elsewhere (tokens appended later are 0); None for other families."""
+    images: list[Any] = field(default_factory=list)
+    """The chat's images (PIL) in order, for engines that run the processor themselves (vLLM's multi-modal data)."""
+
+    @property
+    def has_images(self) -> bool:
+        return bool(self.image_inputs)
 
 
 def encode_chat(processor: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> EncodedChat:
@@ -48,6 +55,7 @@ def encode_chat(processor: Any, messages: list[dict[str, Any]], *, add_generatio
         input_ids=out["input_ids"][0].tolist(),
         image_inputs={k: v for k, v in out.items() if k not in TOKEN_KEYS},
         mm_token_type_ids=None if token_types is None else token_types[0].tolist(),
+        images=images,
     )
 
 

@@ -61,6 +61,11 @@ class PromptFieldsConfig(StrictModel):
     """Field holding a ready chat (list of {role, content}); overrides ``prompt_field``."""
     answer_field: str | None = "answer"
     """Field copied to ``metadata['answer']`` (None: no answer)."""
+    images_field: str | None = None
+    """Prompts with images, for a vision-language model (docs/vlm.md): the field holding a row's images (a path
+    relative to the file, a ``data:`` URL, image bytes, or a list of them), put before the prompt text or
+    filling the ``{"type": "image"}`` parts of ``messages_field`` in order; image parts with their own
+    reference need no such field. None: text prompts."""
     metadata_fields: list[str] = Field(default_factory=list)
     """More fields copied into metadata under their own names."""
     instruction: str | None = None

@@ -31,6 +31,10 @@ def load_prompt_file(path: str | Path, cfg: PromptFieldsConfig, check: PromptChe
             check(sample)
         return sample
 
+    if cfg.images_field is not None:  # prompts with images (image_prompts.py)
+        from rl_environments.image_prompts import load_image_prompt_file
+
+        return load_image_prompt_file(path, cfg, check, section=section, split=split)
     return load_rows(path, convert, on_bad_row=cfg.on_bad_row, file_format=cfg.format, section=section, split=split)
 
 
@@ -49,6 +53,11 @@ def record_to_sample(row: dict[str, Any], cfg: PromptFieldsConfig) -> PromptSamp
             messages = _messages(value, name)
         else:
             messages = [{"role": "user", "content": _text(value, name, "or a list of {role, content} messages")}]
+    return prompt_sample(messages, row, cfg)
+
+
+def prompt_sample(messages: list[dict[str, Any]], row: dict[str, Any], cfg: PromptFieldsConfig) -> PromptSample:
+    """The PromptSample of a row's ``messages``: instruction, system prompt, metadata and answer from ``cfg``."""
     if cfg.instruction:
         messages = _with_instruction(messages, cfg.instruction)
     if cfg.system_prompt and not any(m["role"] == "system" for m in messages):
@@ -76,7 +85,17 @@ def _with_instruction(messages: list[dict[str, str]], instruction: str) -> list[
     if last_user is None:
         raise BadRow("the prompt has no user message to append the instruction to")
     messages = [dict(m) for m in messages]
-    messages[last_user]["content"] = f"{messages[last_user]['content']} {instruction}"
+    content = messages[last_user]["content"]
+    if isinstance(content, str):
+        messages[last_user]["content"] = f"{content} {instruction}"
+    else:  # content parts (images and text): after the last text part, or as a new one
+        texts = [i for i, part in enumerate(content) if part.get("type") == "text"]
+        content = [dict(part) for part in content]
+        if texts:
+            content[texts[-1]]["text"] = f"{content[texts[-1]]['text']} {instruction}"
+        else:
+            content.append({"type": "text", "text": instruction})
+        messages[last_user]["content"] = content
     return messages
 
 

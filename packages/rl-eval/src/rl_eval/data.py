@@ -14,6 +14,7 @@ from rl_core.types import PromptSample
 from rl_environments import ArithmeticDatasetConfig, CountdownDatasetConfig
 from rl_environments.config import PromptFieldsConfig
 from rl_environments.datasets import load_prompt_file
+from rl_environments.shapes import ShapesDatasetConfig
 from rl_eval.errors import EvalError
 
 
@@ -66,11 +67,12 @@ class HFDiskEvalDataset(FileEvalDataset):
 
 
 class ProceduralEvalDataset(EvalSource):
-    """A split of a procedural dataset of rl-environments (arithmetic or countdown)."""
+    """A split of a procedural dataset of rl-environments (arithmetic, countdown, or shapes: questions about
+    drawn images, for a vision-language model)."""
 
     kind: Literal["procedural"] = "procedural"
-    source: Annotated[ArithmeticDatasetConfig | CountdownDatasetConfig, Field(discriminator="kind")] = Field(
-        default_factory=ArithmeticDatasetConfig)
+    source: Annotated[ArithmeticDatasetConfig | CountdownDatasetConfig | ShapesDatasetConfig,
+                      Field(discriminator="kind")] = Field(default_factory=ArithmeticDatasetConfig)
     split: Literal["train", "validation", "test"] = "test"
     size: int | None = Field(None, gt=0)
     """Number of problems (default: the split's configured size)."""
@@ -82,7 +84,7 @@ class ProceduralEvalDataset(EvalSource):
         return f"{self.source.kind}-{self.split}"
 
     def default_grader(self) -> str:
-        return self.source.kind  # arithmetic and countdown grade their own problems
+        return self.source.kind  # arithmetic, countdown and shapes grade their own problems
 
 
 EvalDatasetSource = Annotated[ProceduralEvalDataset | FileEvalDataset | HFDiskEvalDataset, Field(discriminator="kind")]

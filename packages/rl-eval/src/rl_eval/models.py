@@ -43,9 +43,13 @@ def hf_model_dir(model: str) -> Iterator[str]:
 
 
 def load_tokenizer(model_dir: str):
+    """The model's tokenizer; a vision-language model's renders chats with images through its processor
+    (``rl_core.image_chat_tokenizer``)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    from rl_core.image_chat_tokenizer import chat_tokenizer
+
+    tok = chat_tokenizer(model_dir, AutoTokenizer.from_pretrained(model_dir))
     if tok.chat_template is None:
         raise EvalError(f"{model_dir}: the tokenizer has no chat template; evaluation renders prompts as chats")
     return tok

@@ -26,6 +26,9 @@ def run_eval(cfg: EvalConfig, *, print_fn=print) -> list[EvalReport]:
     reports = []
     with hf_model_dir(cfg.model) as model_dir:
         tokenizer = load_tokenizer(model_dir)
+        if hasattr(tokenizer, "encode_image_chat") and cfg.generation.backend not in ("native", "hf"):
+            raise EvalError(f"{cfg.model} is a vision-language model; generation.backend={cfg.generation.backend!r} "
+                            "takes text prompts only: use native (or hf)")
         if cfg.generation.num_replicas > 0:
             init_ray(cfg.cluster)
         backend = build_generation_backend(cfg.generation, model_dir)

@@ -12,7 +12,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from rl_core.protocols import Environment, GenerationBackend
+from rl_core.images import jsonable_messages
+from rl_core.protocols import Environment, GenerationBackend, Prompt
 from rl_core.types import PromptSample, SamplingParams
 from rl_eval.errors import EvalError
 from rl_eval.graders import voting_answer
@@ -91,7 +92,10 @@ class EvalReport:
         return lines
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self) | {"num_items": self.num_items}
+        out = dataclasses.asdict(self) | {"num_items": self.num_items}
+        for item in out["items"]:  # images as their sizes
+            item["messages"] = jsonable_messages(item["messages"])
+        return out
 
     def sample_metrics(self) -> dict[str, float]:
         """Means over every sample: ``reward_mean``, ``response_length_mean``, ``truncated_fraction`` and
@@ -180,8 +184,9 @@ def item_metrics(results: list[SampleResult], k_values: Sequence[int]) -> dict[s
     return out
 
 
-def render_prompt(tokenizer, sample: PromptSample, prompt_template: str | None = None) -> list[int]:
-    """Token ids of the item's chat, with the generation prompt (assistant turn) opened."""
+def render_prompt(tokenizer, sample: PromptSample, prompt_template: str | None = None) -> Prompt:
+    """Token ids of the item's chat, with the generation prompt (assistant turn) opened; of a chat with images
+    (a vision-language model's tokenizer), its ``EncodedChat``."""
     messages = [dict(m) for m in sample.messages]
     if prompt_template is not None:
         last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
@@ -191,6 +196,9 @@ def render_prompt(tokenizer, sample: PromptSample, prompt_template: str | None =
         except KeyError as e:
             raise EvalError(f"prompt_template names {e} but the item has only question and "
                             f"{sorted(sample.metadata)}; fix the template") from None
+    encode = getattr(tokenizer, "encode_image_chat", None)  # a vision-language model: images kept (EncodedChat)
+    if encode is not None:
+        return encode(messages)
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     return list(ids)
 

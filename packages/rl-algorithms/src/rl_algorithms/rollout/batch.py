@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from rl_algorithms.rollout.episode import Episode
+from rl_algorithms.rollout.image_prompts import episode_image_rows
 from rl_core.batch import Batch
 
 
@@ -18,7 +19,8 @@ def episodes_to_batch(episodes: Sequence[Episode], pad_token_id: int) -> Batch:
     ``gen_logprobs`` [B, T] float, ``rewards`` [B] float, ``group_ids`` [B] long, ``sample_indices`` [B]
     long, ``truncated`` [B] bool, ``env_error`` [B] bool, ``prompt_lengths`` [B] long,
     ``response_lengths`` [B] long (generated tokens over all turns), ``num_turns`` [B] long, and one
-    ``reward_component.<name>`` [B] float per reward component (0 where an episode lacks it).
+    ``reward_component.<name>`` [B] float per reward component (0 where an episode lacks it); prompts with
+    images add their image rows and ``mm_token_type_ids`` (``image_prompts.episode_image_rows``).
     """
     if not episodes:
         raise ValueError("episodes_to_batch needs at least one episode")
@@ -51,6 +53,7 @@ def episodes_to_batch(episodes: Sequence[Episode], pad_token_id: int) -> Batch:
     for name in sorted({name for ep in episodes for name in ep.reward_components}):
         batch[f"reward_component.{name}"] = torch.tensor(
             [ep.reward_components.get(name, 0.0) for ep in episodes], dtype=torch.float32)
+    batch.update(episode_image_rows(episodes, length))  # prompts with images: their tensors as rows
     return batch
 
 

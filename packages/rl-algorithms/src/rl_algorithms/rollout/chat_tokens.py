@@ -36,6 +36,12 @@ class ChatTokens:
                                                  return_dict=False)
         return [int(t) for t in ids]
 
+    def encode_prompt(self, messages: list[dict[str, Any]]) -> list[int] | Any:
+        """``prompt_tokens``; for a vision-language model (``rl_core.image_chat_tokenizer``) a chat with images
+        gives its ``EncodedChat``."""
+        encode = getattr(self.tokenizer, "encode_image_chat", None)
+        return encode(messages) if encode is not None else self.prompt_tokens(messages)
+
     def assistant_closing(self, history: list[dict[str, str]]) -> str:
         """What the template writes after an assistant message's content (e.g. ``<|im_end|>\\n``)."""
         text = self.render([*history, {"role": "assistant", "content": _PLACEHOLDER}])

@@ -24,8 +24,10 @@ from typing import Any
 from rl_algorithms.rollout.chat_tokens import ChatTokens
 from rl_algorithms.rollout.env_runner import SINGLE_ENV, EnvRunner, StepRunner, check_step_result, environment_map
 from rl_algorithms.rollout.episode import Episode
+from rl_algorithms.rollout.image_prompts import cut_at_placeholders, generation_prompt
 from rl_core.protocols import Environment, GenerationBackend
 from rl_core.types import Completion, PromptSample, SamplingParams
+from rl_core.vision_inputs import EncodedChat
 
 logger = logging.getLogger(__name__)
 
@@ -122,11 +124,14 @@ def _start_episodes(samples, env_map, default_env, chat, num_generations, max_to
     live = []
     for group_id, sample in enumerate(samples):
         env_name = _env_name(sample, env_map, default_env)
-        prompt = chat.prompt_tokens(sample.messages)
+        prompt = chat.encode_prompt(sample.messages)  # token ids, or an EncodedChat with images
+        encoded = prompt if isinstance(prompt, EncodedChat) else None
+        prompt = encoded.input_ids if encoded is not None else prompt
         for sample_index in range(num_generations):
             episode = Episode(sample=sample, token_ids=list(prompt), loss_mask=[0] * len(prompt),
                               gen_logprobs=[0.0] * len(prompt), prompt_length=len(prompt), group_id=group_id,
-                              sample_index=sample_index, messages=[dict(m) for m in sample.messages])
+                              sample_index=sample_index, messages=[dict(m) for m in sample.messages],
+                              prompt_inputs=encoded)
             if max_total_length is not None and len(prompt) >= max_total_length:
                 episode.truncated = True  # no room for a single generated token
             live.append(_Live(episode, env_name))
@@ -139,10 +144,11 @@ def _generate(generation: GenerationBackend, ready: list[_Live], sampling: Sampl
     seed = None if sampling.seed is None else sampling.seed + turn * _TURN_SEED_STRIDE
     first_turn = all(ep.episode.num_turns == 0 for ep in ready)
     if first_turn and num_generations > 1 and _whole_groups(ready, num_generations):
-        prompts = [ep.episode.token_ids for ep in ready[::num_generations]]
+        prompts = [generation_prompt(ep.episode) for ep in ready[::num_generations]]
         result = generation.generate(prompts, dataclasses.replace(sampling, n=num_generations, seed=seed))
         return [completion for group in result for completion in group]
-    result = generation.generate([ep.episode.token_ids for ep in ready], dataclasses.replace(sampling, n=1, seed=seed))
+    result = generation.generate([generation_prompt(ep.episode) for ep in ready],
+                                 dataclasses.replace(sampling, n=1, seed=seed))
     return [group[0] for group in result]
 
 
@@ -161,7 +167,8 @@ def _record_turn(ep: _Live, completion: Completion, chat: ChatTokens, max_turns:
     tokens, logprobs = list(completion.token_ids), list(completion.logprobs)
     if len(tokens) != len(logprobs):
         raise ValueError(f"generation backend returned {len(tokens)} tokens but {len(logprobs)} logprobs")
-    hit_length = completion.finish_reason == "length"
+    tokens, logprobs, cut = cut_at_placeholders(chat.tokenizer, tokens, logprobs)  # a VLM's image tokens
+    hit_length = completion.finish_reason == "length" or cut
     if max_total_length is not None and len(episode.token_ids) + len(tokens) > max_total_length:
         keep = max_total_length - len(episode.token_ids)
         tokens, logprobs, hit_length = tokens[:keep], logprobs[:keep], True

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rl_core.types import PromptSample
+from rl_core.vision_inputs import EncodedChat
 
 
 @dataclass
@@ -45,6 +46,8 @@ class Episode:
     """What went wrong with the environment, when ``env_error``."""
     max_turns_reached: bool = False
     """The environment wanted another turn but ``max_turns`` was reached."""
+    prompt_inputs: EncodedChat | None = None
+    """A prompt with images: its ``EncodedChat`` (``image_prompts.py``); None for a text prompt."""
 
     @property
     def response_length(self) -> int:

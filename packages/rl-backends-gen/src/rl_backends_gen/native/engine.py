@@ -29,10 +29,13 @@ from rl_backends_gen.native.layers import build_layer_caches
 from rl_backends_gen.native.rows import ActiveRows, RowInfo
 from rl_backends_gen.native.sampling import call_base_seed, draw_uniforms, sample_seed, sample_tokens
 from rl_backends_gen.native.steps import DecodeStep, PrefillStep
-from rl_backends_gen.requests import default_stop_token_ids, validate_prompts, validate_sampling
+from rl_backends_gen.native.vision import VisionPrefill, load_model
+from rl_backends_gen.requests import default_stop_token_ids, image_prompts, validate_prompts, validate_sampling
 from rl_backends_gen.stop_strings import RowText, StopStringMatcher
 from rl_backends_gen.weights import copy_weights_in_place
+from rl_core.protocols import Prompt
 from rl_core.types import Completion, SamplingParams
+from rl_core.vision_inputs import EncodedChat
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +83,6 @@ class NativeEngine:
                  max_seq_len: int | None = None, seed: int | None = None, tokenizer=None,
                  max_prefill_tokens: int = 16384, share_prompt_prefix: bool = True, quantization: str | None = None,
                  fp8_scheme: str | None = None):
-        from transformers import AutoModelForCausalLM
-
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if max_batch_size < 1:
@@ -89,19 +90,20 @@ class NativeEngine:
         register_attention()
         self.device = torch.device(device)
         self.dtype = DTYPES[dtype]
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, attn_implementation=ATTENTION_NAME)
+        model = load_model(model_path, self.dtype, ATTENTION_NAME)  # a vision-language model too (vision.py)
         self.model = model.to(self.device).eval().requires_grad_(False)
+        self.vision = VisionPrefill.of(self.model)  # None for a text-only model
         self.decoder = self.model.get_decoder()
         self.head = self.model.get_output_embeddings()
         self.tokenizer = _load_tokenizer(tokenizer, model_path)
-        config = self.model.config
+        config = self.model.config.get_text_config()
         self.vocab_size = config.vocab_size
         limit = getattr(config, "max_position_embeddings", None) or DEFAULT_MAX_SEQ_LEN
         self.max_seq_len = int(max_seq_len or min(limit, DEFAULT_MAX_SEQ_LEN))
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         self.share_prompt_prefix = share_prompt_prefix
-        self.default_stop_token_ids = default_stop_token_ids(self.tokenizer, config,
+        self.default_stop_token_ids = default_stop_token_ids(self.tokenizer, self.model.config,
                                                              getattr(self.model, "generation_config", None))
         self._seed_generator = torch.Generator().manual_seed(seed) if seed is not None else None
         # One cache per decoder layer, of its kind (see cache.py); refuses layers the engine lacks.
@@ -115,15 +117,19 @@ class NativeEngine:
 
     # ----------------------------------------------------------------------------------------- API
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:
-        """``sampling.n`` completions per prompt, ``result[i][j]`` for sample j of prompt i."""
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[list[Completion]]:
+        """``sampling.n`` completions per prompt, ``result[i][j]`` for sample j of prompt i; a prompt with images
+        (an ``EncodedChat``) needs a vision-language model."""
         validate_sampling(sampling, has_tokenizer=self.tokenizer is not None)
+        images = image_prompts(prompts)
+        if images is not None and self.vision is None:
+            raise ValueError("a prompt holds images but this engine's model is text-only (no vision_config)")
         prompts = validate_prompts(prompts, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len)
         self._check_ready()
         if not prompts:
             return []
         with torch.inference_mode():
-            return _GenerateCall(self, prompts, sampling).run()
+            return _GenerateCall(self, prompts, sampling, images).run()
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy new weights (HF names, full tensors) into the model in place; the cache is untouched."""
@@ -188,8 +194,10 @@ class NativeEngine:
 class _GenerateCall:
     """The scheduling loop of one ``generate`` call."""
 
-    def __init__(self, engine: NativeEngine, prompts: list[list[int]], sampling: SamplingParams):
+    def __init__(self, engine: NativeEngine, prompts: list[list[int]], sampling: SamplingParams,
+                 images: list[EncodedChat | None] | None = None):
         self.engine, self.prompts, self.sampling = engine, prompts, sampling
+        self.images = images  # per prompt: its EncodedChat when it has images
         self.cache = engine.cache
         self.device = engine.device
         stop_ids = sampling.stop_token_ids or engine.default_stop_token_ids
@@ -240,6 +248,7 @@ class _GenerateCall:
         rows.info[slot] = RowInfo(prompt_index, sample_index, prompt, RowText() if self.matcher else None)
         rows.num_generated[slot] = 0
         rows.position[slot] = len(prompt)
+        rows.rope_delta[slot] = 0
         rows.limit[slot] = min(sampling.max_new_tokens, self.cache.max_seq_len - len(prompt))
         if not sampling.greedy:
             seed = sample_seed(self.base_seed, prompt_index, sample_index)
@@ -268,6 +277,11 @@ class _GenerateCall:
         # Every prompt keeps at least its last token out of the shared prefix: its logits sample.
         start = common_prefix_length(prompts) if engine.share_prompt_prefix and len(prompts) > 1 else 0
         start = min(start, min(lengths) - 1)
+        encoded = None if self.images is None else [self.images[i] for i in prompt_indices]
+        if encoded is not None and any(encoded):  # the image tokens' features differ: never shared
+            start = min(start, engine.vision.shareable_prefix(prompts))
+        else:
+            encoded = None
         lengths_t = torch.tensor(lengths, device=device)
         if start >= MIN_SHARED_PREFIX:
             prefix = torch.tensor(prompts[0][:start], device=device)[None]
@@ -283,7 +297,11 @@ class _GenerateCall:
             input_ids[row, : lengths[row] - start] = torch.tensor(prompt[start:])
         positions = torch.arange(start, start + width, device=device).expand(len(prompts), width)
         step = PrefillStep(self.cache, slots_t, row_of_slot_t, lengths_t - start, width, start, first_slot_of_row)
-        hidden = engine._forward(input_ids.to(device), positions, step)  # [P, width, hidden]
+        if encoded is None:
+            hidden = engine._forward(input_ids.to(device), positions, step)  # [P, width, hidden]
+        else:  # the vision tower runs here, once per prompt; M-RoPE deltas carry into decode
+            hidden, rope_deltas = engine.vision.prefill(prompts, encoded, input_ids.to(device), start, step)
+            self.rows.rope_delta[slots_t] = rope_deltas[row_of_slot_t]
         last = lengths_t - start - 1
         logits = engine._logits(hidden[torch.arange(len(lengths), device=device), last])  # [P, V]
         self._sample_and_record(slots_t, logits[row_of_slot_t])
@@ -298,7 +316,8 @@ class _GenerateCall:
         rows, count = self.rows, self.rows.count
         position = rows.position[:count]
         step = DecodeStep(self.cache, position)
-        hidden = self.engine._forward(rows.last_token[:count, None], position[:, None], step)  # [R, 1, hidden]
+        rotary = position + rows.rope_delta[:count]  # M-RoPE positions of a VLM's rows (vision.py); else position
+        hidden = self.engine._forward(rows.last_token[:count, None], rotary[:, None], step)  # [R, 1, hidden]
         logits = self.engine._logits(hidden[:, -1])
         all_rows = step.rows
         rows.position[:count] += 1

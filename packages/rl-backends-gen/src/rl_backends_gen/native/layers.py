@@ -28,7 +28,7 @@ def build_layer_caches(model: nn.Module, rows: int, max_seq_len: int, dtype: tor
     """One cache per decoder layer of ``model`` (None for a block without a token mixer), installing
     the engine's forward on the mixers that need one. Raises NotImplementedError for what the
     engine does not implement."""
-    config = model.config
+    config = model.config.get_text_config()  # of a vision-language model: its language model
     family = config.model_type
     for feature in ("attn_logit_softcapping", "final_logit_softcapping"):
         if getattr(config, feature, None):

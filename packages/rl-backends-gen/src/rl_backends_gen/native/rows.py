@@ -31,6 +31,7 @@ class ActiveRows:
         long = dict(dtype=torch.long, device=device)
         self.last_token = torch.zeros(max_rows, **long)
         self.position = torch.zeros(max_rows, **long)  # where last_token goes in the cache
+        self.rope_delta = torch.zeros(max_rows, **long)  # rotary position - cache position (a VLM's M-RoPE prompts)
         self.num_generated = torch.zeros(max_rows, **long)
         self.limit = torch.zeros(max_rows, **long)  # max tokens this row may generate
         self.uniforms = torch.zeros(max_rows, max_new_tokens, dtype=torch.float64, device=device)
@@ -58,7 +59,7 @@ class ActiveRows:
             src = torch.tensor(movers, device=device)
             dst = torch.tensor(holes, device=device)
             cache.move_rows(src, dst, int(self.position[src].max()) + 1)
-            for tensor in (self.last_token, self.position, self.num_generated, self.limit,
+            for tensor in (self.last_token, self.position, self.rope_delta, self.num_generated, self.limit,
                            self.uniforms, self.tokens, self.logprobs):
                 tensor[dst] = tensor[src]
             for s, d in zip(movers, holes):

@@ -82,7 +82,8 @@ class MegatronGeneration:
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:
         """``sampling.n`` completions per prompt, ``result[i][j]`` for sample j of prompt i."""
         validate_sampling(sampling, has_tokenizer=self.tokenizer is not None)
-        prompts = validate_prompts(prompts, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len)
+        prompts = validate_prompts(prompts, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len,
+                                   backend="megatron")
         if self.asleep:
             raise RuntimeError("the Megatron generation backend is asleep; call wake() before generate()")
         if not prompts:
