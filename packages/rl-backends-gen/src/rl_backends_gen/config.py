@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rl_core.config.base import StrictModel
 
@@ -46,6 +46,58 @@ class SglangConfig(StrictModel):
     faster, but seeds are ignored and repeated calls sample differently."""
 
 
+class NgramConfig(StrictModel):
+    """n-gram prompt lookup: the last n tokens of a row (prompt + completion so far) are searched for
+    earlier in the row; the tokens that followed their latest earlier occurrence are proposed."""
+
+    min_n: int = Field(1, ge=1)
+    """Shortest suffix searched (tried after the longer ones)."""
+    max_n: int = Field(3, ge=1)
+    """Longest suffix searched (tried first)."""
+
+    @model_validator(mode="after")
+    def _check_order(self) -> NgramConfig:
+        if self.min_n > self.max_n:
+            raise ValueError(f"ngram.min_n ({self.min_n}) must not exceed ngram.max_n ({self.max_n})")
+        return self
+
+
+POLICY_LAYERS = "policy_layers:"
+
+
+class SpeculativeConfig(StrictModel):
+    """Speculative decoding: a proposer guesses ``num_tokens`` tokens per row, the model verifies them in
+    one forward and keeps a prefix by rejection sampling (exact: samples follow the model's own
+    distribution, greedy output equals plain greedy). See docs/generation.md."""
+
+    method: Literal["draft", "ngram"]
+    """``draft``: a small causal LM proposes (``draft_model``); ``ngram``: prompt lookup (``ngram``)."""
+    num_tokens: int = Field(4, ge=1, le=16)
+    """Tokens proposed per row and step (the verify forward runs ``num_tokens + 1`` queries per row)."""
+    draft_model: str = f"{POLICY_LAYERS}4"
+    """method=draft: ``policy_layers:N`` (the policy's own embeddings, first N decoder layers, final
+    norm and head: no extra weights, refit updates it with the policy) or a path to an HF causal LM
+    with the policy's tokenizer."""
+    ngram: NgramConfig = Field(default_factory=NgramConfig)
+    """method=ngram: the suffix lengths searched."""
+
+    @model_validator(mode="after")
+    def _check_method(self) -> SpeculativeConfig:
+        if self.draft_model.startswith(POLICY_LAYERS):
+            count = self.draft_model[len(POLICY_LAYERS):]
+            if not count.isdigit() or int(count) < 1:
+                raise ValueError(f"draft_model {self.draft_model!r}: write policy_layers:N with N >= 1 "
+                                 "(the policy's first N layers), or a path to an HF model")
+        return self
+
+    @property
+    def policy_layers(self) -> int | None:
+        """N of ``policy_layers:N``; None when ``draft_model`` is a path."""
+        if self.draft_model.startswith(POLICY_LAYERS):
+            return int(self.draft_model[len(POLICY_LAYERS):])
+        return None
+
+
 class GenerationConfig(StrictModel):
     """Which engine generates rollouts, and how big it is."""
 
@@ -78,8 +130,20 @@ class GenerationConfig(StrictModel):
     """Bytes of weights per refit message (after the cast to ``dtype``): one ``ray.put`` per bucket to
     Ray replicas, one RPC per bucket into vLLM (its RPC encoder refuses messages over 4 GiB), one
     ``update_weights_from_tensor`` per bucket into SGLang. A tensor larger than this travels alone."""
+    speculative: SpeculativeConfig | None = None
+    """Speculative decoding (native engine; vllm maps it to its ``speculative_config``). None: off."""
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     sglang: SglangConfig = Field(default_factory=SglangConfig)
+
+    @model_validator(mode="after")
+    def _check_speculative(self) -> GenerationConfig:
+        spec = self.speculative
+        if spec is None:
+            return self
+        if self.backend not in ("native", "vllm"):
+            raise ValueError(f"speculative decoding is implemented by the native and vllm backends, not backend="
+                             f"{self.backend}: set generation.backend=native or generation.speculative=null")
+        return self
 
 
 def config_from_settings(backend: Literal["vllm", "sglang"], settings: dict) -> GenerationConfig:

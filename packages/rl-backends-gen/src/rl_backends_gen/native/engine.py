@@ -71,11 +71,13 @@ class NativeEngine:
         share_prompt_prefix: the prompts of one prefill that start with the same tokens (a system
             prompt, a template: at least 8) run that prefix once, its keys/values copied to every
             row; the rest of each prompt attends to it. The same function, fewer prefill FLOPs.
+        speculative: a ``SpeculativeConfig``: decode steps propose and verify several tokens per row
+            (``speculative.py``); None: one token per step.
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 64,
                  max_seq_len: int | None = None, seed: int | None = None, tokenizer=None,
-                 max_prefill_tokens: int = 16384, share_prompt_prefix: bool = True):
+                 max_prefill_tokens: int = 16384, share_prompt_prefix: bool = True, speculative=None):
         from transformers import AutoModelForCausalLM
 
         if dtype not in DTYPES:
@@ -104,6 +106,11 @@ class NativeEngine:
         layers = build_layer_caches(self.model, max_batch_size, self.max_seq_len, self.dtype, self.device)
         self.cache = EngineCache(layers, max_batch_size, self.max_seq_len, self.dtype)
         self.stats = EngineStats()
+        self.speculative = None
+        if speculative is not None:  # the proposer (n-gram or a draft with its own cache) and verification
+            from rl_backends_gen.native.speculative import Speculator
+
+            self.speculative = Speculator(self, speculative)
         self.asleep = False
         self._logits_buffer = self._work_buffer = None  # [max_batch_size, V] float32, made on first use
 
@@ -117,6 +124,8 @@ class NativeEngine:
         if not prompts:
             return []
         with torch.inference_mode():
+            if self.speculative is not None:
+                return self.speculative.call(self, prompts, sampling).run()
             return _GenerateCall(self, prompts, sampling).run()
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -129,6 +138,8 @@ class NativeEngine:
         self._check_alive()
         self.cache.free()
         self._logits_buffer = self._work_buffer = None
+        if self.speculative is not None:
+            self.speculative.free()
         if self.device.type == "cuda":
             self.model.to("cpu")
             torch.cuda.empty_cache()
@@ -140,6 +151,8 @@ class NativeEngine:
             self.model.to(self.device)
         if not self.cache.allocated:
             self.cache.allocate()
+        if self.speculative is not None:
+            self.speculative.allocate()
         self.asleep = False
 
     def shutdown(self) -> None:
