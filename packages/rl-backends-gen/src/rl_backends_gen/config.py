@@ -143,6 +143,9 @@ class GenerationConfig(StrictModel):
         if self.backend not in ("native", "vllm"):
             raise ValueError(f"speculative decoding is implemented by the native and vllm backends, not backend="
                              f"{self.backend}: set generation.backend=native or generation.speculative=null")
+        if self.backend == "vllm" and spec.method == "draft" and spec.policy_layers is not None:
+            raise ValueError(f"generation.speculative.draft_model={spec.draft_model} is the native engine's; vLLM "
+                             "needs a path to an HF draft model with the policy's tokenizer")
         return self
 
 
