@@ -146,7 +146,7 @@ class DraftProposer:
         tokens = torch.zeros(count, k, dtype=torch.long, device=position.device)
         probs = None if sampling.greedy else self._probs_buffer(k, rows.uniforms.shape[0], call)
         for j in range(k):
-            hidden = self.forward(input_ids, positions + call.rope_delta(count)[:, None], DecodeStep(self.cache, positions))
+            hidden = self.forward(input_ids, positions, DecodeStep(self.cache, positions))
             logits = self.head(hidden[:, -1]).float()  # [R, V]
             if sampling.greedy:
                 token = logits.argmax(dim=-1)

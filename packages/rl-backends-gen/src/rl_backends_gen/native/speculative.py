@@ -155,11 +155,6 @@ class SpeculativeCall(_GenerateCall):
             self.speculator.last_call = self.stats
             self.speculator.stats.add(self.stats)
 
-    def rope_delta(self, count: int) -> torch.Tensor:
-        """Rotary position - cache position of the active rows (non-zero only for a VLM's M-RoPE rows)."""
-        delta = getattr(self.rows, "rope_delta", None)
-        return delta[:count] if delta is not None else torch.zeros(count, dtype=torch.long, device=self.device)
-
     def _init_row(self, slot: int, prompt_index: int, sample_index: int) -> None:
         super()._init_row(slot, prompt_index, sample_index)
         self.rows.prompt_last[slot] = self.prompts[prompt_index][-1]
@@ -194,7 +189,7 @@ class SpeculativeCall(_GenerateCall):
         input_ids = torch.cat([rows.last_token[:count, None], tokens], dim=1)  # [R, q]
         positions = position[:, None] + torch.arange(queries, device=self.device)  # [R, q]
         step = DecodeStep(self.cache, positions)
-        hidden = engine._forward(input_ids, positions + self.rope_delta(count)[:, None], step)  # [R, q, hidden]
+        hidden = engine._forward(input_ids, positions, step)  # [R, q, hidden]
         logits = self.speculator.logits(engine, hidden.reshape(count * queries, -1)).view(count, queries, -1)
         if self.sampling.greedy:
             verified = verify_greedy(logits, tokens, counts)
