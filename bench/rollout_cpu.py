@@ -180,6 +180,7 @@ def run(args) -> dict[str, dict]:
             result = runner(prompts, sampling)
             result["tok/s"] = result["tokens"] / result["seconds"]
             rounds[name].append(result)
+            print(f"# {name}: {result['tokens']} tokens in {result['seconds']:.1f} s", file=sys.stderr, flush=True)
     for runner in runners.values():
         if isinstance(runner, VllmRunner):
             runner.child.close()
