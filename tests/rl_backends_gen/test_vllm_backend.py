@@ -113,3 +113,27 @@ def test_vllm_refit_through_a_ray_replica_with_split_buckets(ray_session, tiny_m
         assert after == hf_greedy_with(weights, tiny_model_dir, tiny_prompts)
     finally:
         group.shutdown()
+
+
+@needs_vllm
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_vllm_speculative_greedy_equals_hf_greedy(method, tiny_model_dir, tiny_prompts, tmp_path, load_hf_model):
+    """generation.speculative mapped to vLLM's speculative_config (the draft: the policy cut to one layer)."""
+    from rl_backends_gen.hf import HFGenerationBackend
+    from rl_backends_gen.vllm_backend import VllmBackend
+
+    spec = {"method": "ngram", "num_tokens": 3, "ngram": {"min_n": 1, "max_n": 3}}
+    if method == "draft":
+        draft = load_hf_model(tiny_model_dir)
+        draft.model.layers = draft.model.layers[:1]
+        draft.config.num_hidden_layers = 1
+        draft.save_pretrained(tmp_path)
+        spec = {"method": "draft", "num_tokens": 3, "draft_model": str(tmp_path)}
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    backend = VllmBackend(tiny_model_dir, device=device, speculative=spec, **CPU_ENGINE)
+    try:
+        got = backend.generate(tiny_prompts, GREEDY)
+    finally:
+        backend.shutdown()
+    expected = HFGenerationBackend(tiny_model_dir, batch_size=1).generate(tiny_prompts, GREEDY)
+    assert [r[0].token_ids for r in got] == [r[0].token_ids for r in expected]

@@ -49,6 +49,58 @@ class SglangConfig(StrictModel):
     faster, but seeds are ignored and repeated calls sample differently."""
 
 
+class NgramConfig(StrictModel):
+    """n-gram prompt lookup: the last n tokens of a row (prompt + completion so far) are searched for
+    earlier in the row; the tokens that followed their latest earlier occurrence are proposed."""
+
+    min_n: int = Field(1, ge=1)
+    """Shortest suffix searched (tried after the longer ones)."""
+    max_n: int = Field(3, ge=1)
+    """Longest suffix searched (tried first)."""
+
+    @model_validator(mode="after")
+    def _check_order(self) -> NgramConfig:
+        if self.min_n > self.max_n:
+            raise ValueError(f"ngram.min_n ({self.min_n}) must not exceed ngram.max_n ({self.max_n})")
+        return self
+
+
+POLICY_LAYERS = "policy_layers:"
+
+
+class SpeculativeConfig(StrictModel):
+    """Speculative decoding: a proposer guesses ``num_tokens`` tokens per row, the model verifies them in
+    one forward and keeps a prefix by rejection sampling (exact: samples follow the model's own
+    distribution, greedy output equals plain greedy). See docs/generation.md."""
+
+    method: Literal["draft", "ngram"]
+    """``draft``: a small causal LM proposes (``draft_model``); ``ngram``: prompt lookup (``ngram``)."""
+    num_tokens: int = Field(4, ge=1, le=16)
+    """Tokens proposed per row and step (the verify forward runs ``num_tokens + 1`` queries per row)."""
+    draft_model: str = f"{POLICY_LAYERS}4"
+    """method=draft: ``policy_layers:N`` (the policy's own embeddings, first N decoder layers, final
+    norm and head: no extra weights, refit updates it with the policy) or a path to an HF causal LM
+    with the policy's tokenizer."""
+    ngram: NgramConfig = Field(default_factory=NgramConfig)
+    """method=ngram: the suffix lengths searched."""
+
+    @model_validator(mode="after")
+    def _check_method(self) -> SpeculativeConfig:
+        if self.draft_model.startswith(POLICY_LAYERS):
+            count = self.draft_model[len(POLICY_LAYERS):]
+            if not count.isdigit() or int(count) < 1:
+                raise ValueError(f"draft_model {self.draft_model!r}: write policy_layers:N with N >= 1 "
+                                 "(the policy's first N layers), or a path to an HF model")
+        return self
+
+    @property
+    def policy_layers(self) -> int | None:
+        """N of ``policy_layers:N``; None when ``draft_model`` is a path."""
+        if self.draft_model.startswith(POLICY_LAYERS):
+            return int(self.draft_model[len(POLICY_LAYERS):])
+        return None
+
+
 class GenerationConfig(StrictModel):
     """Which engine generates rollouts, and how big it is."""
 
@@ -91,8 +143,23 @@ class GenerationConfig(StrictModel):
     fp8_scheme: Literal["per_channel", "block"] | None = None
     """backend native with ``quantization: fp8``: per_channel (the default: one scale per output row,
     activations per token) or block (one scale per 128 x 128 weight block, activations per 1 x 128 group)."""
+    speculative: SpeculativeConfig | None = None
+    """Speculative decoding (native engine; vllm maps it to its ``speculative_config``). None: off."""
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     sglang: SglangConfig = Field(default_factory=SglangConfig)
+
+    @model_validator(mode="after")
+    def _check_speculative(self) -> GenerationConfig:
+        spec = self.speculative
+        if spec is None:
+            return self
+        if self.backend not in ("native", "vllm"):
+            raise ValueError(f"speculative decoding is implemented by the native and vllm backends, not backend="
+                             f"{self.backend}: set generation.backend=native or generation.speculative=null")
+        if self.backend == "vllm" and spec.method == "draft" and spec.policy_layers is not None:
+            raise ValueError(f"generation.speculative.draft_model={spec.draft_model} is the native engine's; vLLM "
+                             "needs a path to an HF draft model with the policy's tokenizer")
+        return self
 
     @model_validator(mode="after")
     def _check_quantization(self) -> GenerationConfig:

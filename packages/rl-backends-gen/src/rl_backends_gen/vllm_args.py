@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from rl_backends_gen.config import GenerationConfig
+from rl_backends_gen.config import GenerationConfig, SpeculativeConfig
 
 MAX_AUTO_SHARE = 0.9
 AUTO_RESERVE_BYTES = 2 * 2**30
@@ -74,7 +74,20 @@ def engine_kwargs(cfg: GenerationConfig, model_path: str, max_model_len: int, *,
         # process_weights_after_loading; the layer-wise reload of a refit (vllm_worker) runs that step
         # again on the new weights, so they are re-quantized with fresh scales.
         kwargs["quantization"] = "fp8"
+    if cfg.speculative is not None:
+        kwargs["speculative_config"] = speculative_config(cfg.speculative)
     return kwargs
+
+
+def speculative_config(spec: SpeculativeConfig) -> dict:
+    """vLLM's ``speculative_config`` for ``generation.speculative``: n-gram prompt lookup with the same
+    suffix lengths, or a draft model (a path; the config refuses ``policy_layers:N`` for vLLM) whose
+    proposals are sampled from its distribution and verified against it, as in the native engine."""
+    if spec.method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": spec.num_tokens,
+                "prompt_lookup_max": spec.ngram.max_n, "prompt_lookup_min": spec.ngram.min_n}
+    return {"method": "draft_model", "model": spec.draft_model, "num_speculative_tokens": spec.num_tokens,
+            "draft_sample_method": "probabilistic"}
 
 
 def sleep_mode(cfg: GenerationConfig) -> bool:

@@ -90,6 +90,9 @@ def generate_rollouts(cfg: GRPOConfig, generation: GenerationBackend, tokenizer:
     # Reward statistics cover every generated sample, also those dynamic sampling dropped.
     metrics = episode_metrics(all_episodes)
     metrics["generated_tokens"] = float(sum(int(sum(ep.loss_mask)) for ep in all_episodes))
+    speculative = getattr(generation, "speculative", None)  # a native engine's speculative decoding
+    if speculative is not None:
+        metrics.update({f"speculative/{name}": value for name, value in speculative.pop_metrics().items()})
     if cfg.dapo.dynamic_sampling:
         metrics.update(buffer.metrics())
     return renumber_groups(buffer.take()), metrics

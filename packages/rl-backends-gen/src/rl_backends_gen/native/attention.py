@@ -81,32 +81,41 @@ def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tenso
 
 def decode_attention(step: DecodeStep, layer: AttentionKV, query, key, value, scaling: float,
                      sinks: torch.Tensor | None) -> torch.Tensor:
-    """One query per active row over the positions it has written (its window's, for a sliding
-    layer). Returns [R, 1, H, D].
+    """q queries per active row (1, or a speculative verification's last token and proposals) over the
+    positions each has written (its window's, for a sliding layer). Returns [R, q, H, D].
 
     float32 (and always with sinks): two batched matmuls with the query heads grouped under their
-    key/value head (``[R, kv_heads, group, D] @ [R, kv_heads, D, L]``), ~1.7x faster than CPU SDPA
+    key/value head (``[R, kv_heads, group x q, D] @ [R, kv_heads, D, L]``), ~1.7x faster than CPU SDPA
     with a mask for one query token (measured at R=64). Other dtypes: SDPA, which reads the
     half-precision cache in place where the batched matmul would first copy it (2x faster for bf16
     at R=64)."""
-    num_rows, heads, _, dim = query.shape
+    num_rows, heads, queries, dim = query.shape
     kv_heads = key.shape[1]
     keys, values = layer["keys"], layer["values"]
-    keys[step.rows, :, step.positions] = key[:, :, 0]  # [R, kv_heads, D]
-    values[step.rows, :, step.positions] = value[:, :, 0]
-    first, mask = step.mask(layer.window)
+    if queries == 1:
+        keys[step.rows, :, step.positions] = key[:, :, 0]  # [R, kv_heads, D]
+        values[step.rows, :, step.positions] = value[:, :, 0]
+    else:
+        keys[step.rows[:, None], :, step.positions] = key.transpose(1, 2)  # [R, q, kv_heads, D]
+        values[step.rows[:, None], :, step.positions] = value.transpose(1, 2)
+    first, mask = step.mask(layer.window)  # [R, 1, q, L']
     keys, values = keys[:num_rows, :, first:step.length], values[:num_rows, :, first:step.length]
     if sinks is None and not step.float_bias:
         out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scaling,
                                              enable_gqa=heads != kv_heads)
-        return out.transpose(1, 2)  # [R, 1, H, D]
+        return out.transpose(1, 2)  # [R, q, H, D]
     group = heads // kv_heads
-    grouped = query.reshape(num_rows, kv_heads, group, dim)  # head h reads kv head h // group
-    scores = torch.matmul(grouped, keys.transpose(-1, -2)) * scaling  # [R, kv_heads, group, L]
+    # Head h reads kv head h // group; row g * q + i of a kv head's block is query i of its head g.
+    grouped = query.reshape(num_rows, kv_heads, group * queries, dim)
+    if queries > 1:
+        mask = mask.repeat(1, 1, group, 1)
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)) * scaling  # [R, kv_heads, group x q, L]
     scores = scores + mask if step.float_bias else scores.masked_fill(~mask, float("-inf"))
     if sinks is None:
         weights = torch.softmax(scores, dim=-1)
     else:
-        weights = softmax_with_sinks(scores, sinks.reshape(1, kv_heads, group, 1))
-    out = torch.matmul(weights, values)  # [R, kv_heads, group, D]
-    return out.reshape(num_rows, 1, heads, dim)
+        weights = softmax_with_sinks(scores, sinks.reshape(1, kv_heads, group, 1).repeat_interleave(queries, dim=2))
+    out = torch.matmul(weights, values)  # [R, kv_heads, group x q, D]
+    if queries == 1:
+        return out.reshape(num_rows, 1, heads, dim)
+    return out.view(num_rows, kv_heads, group, queries, dim).permute(0, 3, 1, 2, 4).reshape(num_rows, queries, heads, dim)

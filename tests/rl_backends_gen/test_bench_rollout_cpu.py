@@ -1,0 +1,38 @@
+"""bench/rollout_cpu.py --tiny runs every local engine on a tiny model in seconds, with an in-run matmul peak."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_bench(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_rollout_bench_reports_every_engine(capsys):
+    bench = load_bench("rollout_cpu")
+    best = bench.run(bench.parse_args(["--tiny", "--no-vllm"]))
+    assert list(best) == ["native", "ngram", "draft", "hf"]
+    for result in best.values():
+        assert 0 < result["tokens"] <= 4 * 2 * 16 and result["tok/s"] > 0
+    for name in ("ngram", "draft"):
+        assert 0 <= best[name]["acceptance_rate"] <= 1 and best[name]["tokens_per_row_step"] >= 1
+    assert best["draft"]["proposed_tokens"] > 0
+    out = capsys.readouterr().out
+    assert "# matmul peak GFLOP/s (this run): float32 256^3:" in out
+    assert out.count("\n") >= 6  # header, peak, table header, 4 engines
+
+
+def test_matmul_peak_is_measured():
+    peak = load_bench("peak")
+    peaks = peak.measure_peaks(["float32", "bfloat16"], peak.TINY_SHAPES, seconds=0.05)
+    assert set(peaks) == {(d, s) for d in ("float32", "bfloat16") for s in peak.TINY_SHAPES}
+    assert all(value > 0.1 for value in peaks.values())

@@ -1,0 +1,234 @@
+"""Speculative decoding in the native engine is exact: greedy equals plain greedy, samples follow the
+target's distribution, logprobs are the target's."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from rl_backends_gen.config import GenerationConfig, SpeculativeConfig
+from rl_backends_gen.native import NativeEngine
+from rl_core.types import SamplingParams
+
+NGRAM = SpeculativeConfig(method="ngram", num_tokens=3, ngram={"min_n": 1, "max_n": 3})
+DRAFT = SpeculativeConfig(method="draft", num_tokens=3, draft_model="policy_layers:1")
+METHODS = {"ngram": NGRAM, "draft": DRAFT}
+# Repetitive prompts give the n-gram proposer something to find.
+REPEATS = ["1 2 3 1 2 3 1 2 3 1 2", "move left, move up, move left, move up, move"]
+
+
+def tokens(results):
+    return [[c.token_ids for c in samples] for samples in results]
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_prompts, tiny_tokenizer):
+    return tiny_prompts + [tiny_tokenizer.encode(text) for text in REPEATS]
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model_dir):
+    return NativeEngine(tiny_model_dir, max_batch_size=16, max_seq_len=128)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_greedy_is_plain_greedy_token_for_token(method, tiny_model_dir, plain, prompts, tiny_tokenizer):
+    greedy = SamplingParams(max_new_tokens=30, temperature=0.0)
+    expected = plain.generate(prompts * 2, greedy)
+    # 3 rows for 14 requests: rows join and leave mid-way, accept different counts, roll back
+    engine = NativeEngine(tiny_model_dir, max_batch_size=3, max_seq_len=128, speculative=METHODS[method])
+    got = engine.generate(prompts * 2, greedy)
+    assert tokens(got) == tokens(expected)
+    for a, b in zip(got, expected):
+        assert a[0].finish_reason == b[0].finish_reason
+        assert max(abs(x - y) for x, y in zip(a[0].logprobs, b[0].logprobs)) <= 1e-5
+    stats = engine.speculative.last_call
+    assert 0 < stats.accepted_tokens < stats.proposed_tokens  # both acceptance and rollback happened
+    assert engine.stats.decode_steps < sum(len(c[0].token_ids) for c in got) - len(got)  # fewer forwards
+    # a stop string and a stop token cut exactly where the plain engine cuts
+    base = expected[1][0].token_ids
+    stop = tiny_tokenizer.decode(base[:6])[-3:]
+    cut = dataclasses.replace(greedy, stop_strings=(stop,), stop_token_ids=(base[9],))
+    assert tokens(engine.generate(prompts, cut)) == tokens(plain.generate(prompts, cut))
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_sampled_logprobs_are_the_targets_and_seeds_reproduce(method, tiny_model_dir, prompts, training_logprobs,
+                                                              load_hf_model):
+    sampling = SamplingParams(max_new_tokens=20, temperature=0.7, top_p=0.95, top_k=5, n=3, seed=4)
+    engine = NativeEngine(tiny_model_dir, max_batch_size=16, max_seq_len=128, speculative=METHODS[method])
+    results = engine.generate(prompts, sampling)
+    assert engine.speculative.last_call.accepted_tokens > 0
+    flat = [(prompt, c) for prompt, samples in zip(prompts, results) for c in samples]
+    expected = training_logprobs(load_hf_model(tiny_model_dir), [p for p, _ in flat], [c.token_ids for _, c in flat],
+                                 0.7)
+    assert max((torch.tensor(c.logprobs) - want).abs().max().item() for (_, c), want in zip(flat, expected)) <= 1e-5
+    assert all(len(c.token_ids) <= 20 and len(c.logprobs) == len(c.token_ids) for _, c in flat)
+    # the same seed gives the same samples, whatever the batch (2 rows: continuous batching)
+    narrow = NativeEngine(tiny_model_dir, max_batch_size=2, max_seq_len=128, speculative=METHODS[method])
+    assert tokens(narrow.generate(prompts, sampling)) == tokens(results)
+    assert tokens(engine.generate(prompts, dataclasses.replace(sampling, seed=5))) != tokens(results)
+
+
+def _joint_probabilities(model, prompt: list[int], top_k: int, length: int) -> dict[tuple[int, ...], float]:
+    """Exact probability of every continuation of ``length`` tokens under top-k sampling at T = 1."""
+    out: dict[tuple[int, ...], float] = {}
+
+    def expand(prefix: tuple[int, ...], prob: float) -> None:
+        if len(prefix) == length:
+            out[prefix] = prob
+            return
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + list(prefix)])).logits[0, -1].double()
+        values, ids = logits.topk(top_k)
+        for p, token in zip(torch.softmax(values, dim=0).tolist(), ids.tolist()):
+            expand(prefix + (token,), prob * p)
+
+    expand((), 1.0)
+    return out
+
+
+def _p_value(cells: list[tuple[float, float]]) -> float:
+    """Chi-square p-value of (observed, expected) cells."""
+    statistic = sum((count - expected) ** 2 / expected for count, expected in cells)
+    return float(torch.special.gammaincc(torch.tensor((len(cells) - 1) / 2, dtype=torch.float64),
+                                         torch.tensor(statistic / 2, dtype=torch.float64)))
+
+
+def test_draft_samples_follow_the_targets_distribution(tiny_model_dir, prompts, load_hf_model):
+    """Chi-square of the first 3 tokens' joint under top-3 sampling (27 cells): tokens 2 and 3 come out of
+    verification against the draft's proposals."""
+    prompt, top_k, samples = prompts[-1], 3, 3000
+    probs = _joint_probabilities(load_hf_model(tiny_model_dir), prompt, top_k, 3)
+    support = {token for key in probs for token in key}
+    engine = NativeEngine(tiny_model_dir, max_batch_size=256, max_seq_len=128, speculative=DRAFT)
+    sampling = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=top_k, n=samples, seed=123,
+                              stop_token_ids=(min(set(range(512)) - support),))
+    counts = dict.fromkeys(probs, 0)
+    for completion in engine.generate([prompt], sampling)[0]:
+        counts[tuple(completion.token_ids)] += 1  # KeyError: a token outside the target's support
+    stats = engine.speculative.last_call
+    assert 300 < stats.accepted_tokens < stats.proposed_tokens - 300  # both branches, many times
+    assert _p_value([(counts[key], samples * p) for key, p in probs.items()]) > 1e-3, counts
+
+
+@pytest.mark.parametrize("proposer", ["one-hot", "draft"])
+def test_verifier_emits_the_targets_distribution(proposer):
+    """verify_sampled on fixed logits over 6 tokens, 20000 rows with their own uniforms: the first emitted
+    token follows p_0, and where the first proposal was accepted the second follows p_1 (rejection from
+    min(1, p/q), residual (p - q)+, bonus token)."""
+    from rl_backends_gen.native.sampling import inverse_cdf
+    from rl_backends_gen.native.verify import verify_sampled
+
+    rows, vocab, k = 20000, 6, 2
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, k + 1, vocab, generator=generator).mul(1.5).expand(rows, -1, -1).contiguous()
+    sampling = SamplingParams(temperature=1.0, top_k=5)
+    target = torch.softmax(logits[0], dim=-1)
+    target[target < target.topk(5, dim=-1).values[:, -1:]] = 0
+    target /= target.sum(dim=-1, keepdim=True)  # [k + 1, V] what the plain sampler draws from
+    draft = torch.softmax(torch.randn(k, vocab, generator=generator), dim=-1)  # q, unlike p
+    if proposer == "one-hot":  # a fixed guess per position (n-gram): token 0, then p_1's likeliest
+        proposals = torch.tensor([[int(target[0].argmax()), int(target[1].argmax())]]).expand(rows, k)
+        draft_probs = None
+    else:
+        proposals = torch.stack([inverse_cdf(draft[j].expand(rows, -1).clone(), torch.rand(rows, generator=generator,
+                                 dtype=torch.float64)) for j in range(k)], dim=1)
+        draft_probs = draft[:, None, :].expand(k, rows, vocab).contiguous()
+    verified = verify_sampled(logits, proposals, torch.full((rows,), k), draft_probs, sampling,
+                              torch.rand(rows, k, generator=generator, dtype=torch.float64),
+                              torch.rand(rows, k + 1, generator=generator, dtype=torch.float64))
+    first = verified.tokens[:, 0]
+    first_counts = torch.bincount(first, minlength=vocab).double()
+    support = target[0] > 0
+    assert first_counts[~support].sum() == 0
+    assert _p_value(list(zip(first_counts[support].tolist(), (rows * target[0][support]).tolist()))) > 1e-3
+    took_first = verified.accepted >= 1
+    second = torch.bincount(verified.tokens[took_first, 1], minlength=vocab).double()
+    support = target[1] > 0
+    expected = int(took_first.sum()) * target[1]
+    assert 2000 < int(took_first.sum()) < rows - 2000 and second[~support].sum() == 0
+    assert _p_value(list(zip(second[support].tolist(), expected[support].tolist()))) > 1e-3
+    # logprobs are log_softmax(logits / T) over the full vocabulary at the emitted tokens
+    want = torch.log_softmax(logits, dim=-1).gather(2, verified.tokens[..., None]).squeeze(2)
+    assert torch.allclose(verified.logprobs[:, 0], want[:, 0], atol=1e-6)
+
+
+def test_draft_from_a_path_and_metrics(tiny_model_dir, plain, prompts, tmp_path, load_hf_model):
+    draft = load_hf_model(tiny_model_dir)  # an HF model of its own: the policy cut to its first layer
+    draft.model.layers = draft.model.layers[:1]
+    draft.config.num_hidden_layers = 1
+    draft_dir = tmp_path / "draft"
+    draft.save_pretrained(draft_dir)
+    spec = SpeculativeConfig(method="draft", num_tokens=2, draft_model=str(draft_dir))
+    engine = NativeEngine(tiny_model_dir, max_batch_size=4, max_seq_len=128, speculative=spec)
+    greedy = SamplingParams(max_new_tokens=16, temperature=0.0)
+    assert tokens(engine.generate(prompts, greedy)) == tokens(plain.generate(prompts, greedy))
+    metrics = engine.speculative.pop_metrics()
+    assert 0 < metrics["acceptance_rate"] < 1
+    assert 0 < metrics["mean_accepted_length"] <= 2
+    assert 1 < metrics["tokens_per_row_step"] <= 3
+    assert 0 < metrics["draft_time_share"] < 1
+    assert engine.speculative.pop_metrics()["proposed_tokens"] == 0  # popped
+
+
+def test_draft_with_another_vocabulary_is_refused(tiny_model_dir, tmp_path):
+    from rl_core.models import save_tiny_model
+
+    draft_dir = save_tiny_model(tmp_path / "draft", family="llama", vocab_size=300)
+    spec = SpeculativeConfig(method="draft", draft_model=str(draft_dir))
+    with pytest.raises(ValueError, match="must share the policy's tokenizer"):
+        NativeEngine(tiny_model_dir, max_batch_size=2, max_seq_len=64, speculative=spec)
+    with pytest.raises(ValueError, match="has only 2 decoder layers"):
+        NativeEngine(tiny_model_dir, max_batch_size=2, max_seq_len=64,
+                     speculative=SpeculativeConfig(method="draft", draft_model="policy_layers:2"))
+
+
+@pytest.mark.parametrize("raw,message", [
+    ({"method": "eagle"}, "method"),
+    ({"method": "ngram", "num_tokenz": 3}, "num_tokenz"),
+    ({"method": "ngram", "ngram": {"min_n": 4, "max_n": 2}}, "must not exceed"),
+    ({"method": "draft", "draft_model": "policy_layers:x"}, "policy_layers:N"),
+    ({"method": "draft", "num_tokens": 0}, "num_tokens"),
+])
+def test_bad_speculative_configs_fail_clearly(raw, message):
+    with pytest.raises(ValidationError, match=message):
+        SpeculativeConfig.model_validate(raw)
+
+
+def test_backends_without_speculation_refuse_it():
+    with pytest.raises(ValidationError, match="not backend=sglang"):
+        GenerationConfig(backend="sglang", speculative={"method": "ngram"})
+    assert GenerationConfig(backend="native", speculative={"method": "ngram"}).speculative.num_tokens == 4
+
+
+def test_ngram_index_proposes_what_followed_the_latest_match():
+    from rl_backends_gen.native.proposers import NgramIndex
+
+    index = NgramIndex([5, 6, 7, 8, 5, 6, 9, 5, 6], min_n=1, max_n=2)
+    assert index.propose(3) == [9, 5, 6]  # "5 6" last followed by 9
+    index.extend([1])
+    assert index.propose(2) == []  # 1 never occurred before
+    index.extend([7])
+    assert index.propose(2) == [8, 5]  # "1 7" is new, "7" followed by 8
+    assert list(itertools.islice(index.tokens, 3)) == [5, 6, 7]
+
+
+@pytest.mark.parametrize("family", ["glm4_moe_lite", "gpt_oss", "gemma3_text"])
+def test_greedy_speculation_across_attention_kinds(family, tiny_family_dir, tiny_prompts):
+    """Latent attention, sliding windows and sinks verify several queries per row like one."""
+    path = tiny_family_dir(family)
+    greedy = SamplingParams(max_new_tokens=20, temperature=0.0)
+    expected = NativeEngine(path, max_batch_size=4, max_seq_len=128).generate(tiny_prompts, greedy)
+    engine = NativeEngine(path, max_batch_size=4, max_seq_len=128, speculative=DRAFT)
+    assert tokens(engine.generate(tiny_prompts, greedy)) == tokens(expected)
+    assert engine.speculative.last_call.accepted_tokens > 0
+
+
+def test_recurrent_layers_are_refused(tiny_family_dir):
+    with pytest.raises(NotImplementedError, match="cannot roll back"):
+        NativeEngine(tiny_family_dir("qwen3_5_text"), max_batch_size=2, max_seq_len=64, speculative=NGRAM)
