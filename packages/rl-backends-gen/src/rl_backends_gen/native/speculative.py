@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from rl_backends_gen.config import SpeculativeConfig
-from rl_backends_gen.native.engine import _GenerateCall
+from rl_backends_gen.native.call import GenerateCall
 from rl_backends_gen.native.proposers import DraftProposer, NgramProposer, build_draft, refuse_recurrent
 from rl_backends_gen.native.rows import ActiveRows
 from rl_backends_gen.native.sampling import draw_uniforms, sample_seed
@@ -134,7 +134,7 @@ class _MovedTogether:
             tensor[dst] = tensor[src]
 
 
-class SpeculativeCall(_GenerateCall):
+class SpeculativeCall(GenerateCall):
     """The plain scheduling loop with speculative decode steps."""
 
     def __init__(self, engine, prompts, sampling, speculator: Speculator):
