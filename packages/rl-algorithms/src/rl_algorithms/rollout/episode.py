@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rl_core.types import PromptSample
 
@@ -45,6 +46,10 @@ class Episode:
     """What went wrong with the environment, when ``env_error``."""
     max_turns_reached: bool = False
     """The environment wanted another turn but ``max_turns`` was reached."""
+    routed_experts: Any = None
+    """MoE router replay (``generation.record_routing``): the latest turn's ``Completion.routed_experts``,
+    ``[positions, moe_layers, k]`` int16 for the first positions of ``token_ids`` (the engine ran every
+    earlier turn and observation again as that turn's prompt); None without a record."""
 
     @property
     def response_length(self) -> int:

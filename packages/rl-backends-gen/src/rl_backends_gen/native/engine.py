@@ -25,6 +25,7 @@ import torch
 from rl_backends_gen.native.attention import ATTENTION_NAME, register_attention
 from rl_backends_gen.native.cache import EngineCache
 from rl_backends_gen.native.layers import build_layer_caches
+from rl_backends_gen.native.routing import RoutingRecorder
 from rl_backends_gen.native.rows import ActiveRows, RowInfo
 from rl_backends_gen.native.sampling import call_base_seed, draw_uniforms, sample_seed, sample_tokens
 from rl_backends_gen.native.steps import DecodeStep, PrefillStep
@@ -71,11 +72,13 @@ class NativeEngine:
         share_prompt_prefix: the prompts of one prefill that start with the same tokens (a system
             prompt, a template: at least 8) run that prefix once, its keys/values copied to every
             row; the rest of each prompt attends to it. The same function, fewer prefill FLOPs.
+        record_routing: a mixture-of-experts model's completions carry ``routed_experts``, the experts
+            every MoE layer chose for each token (``routing.py``), for the trainer to replay.
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 64,
                  max_seq_len: int | None = None, seed: int | None = None, tokenizer=None,
-                 max_prefill_tokens: int = 16384, share_prompt_prefix: bool = True):
+                 max_prefill_tokens: int = 16384, share_prompt_prefix: bool = True, record_routing: bool = False):
         from transformers import AutoModelForCausalLM
 
         if dtype not in DTYPES:
@@ -103,6 +106,7 @@ class NativeEngine:
         # One cache per decoder layer, of its kind (see cache.py); refuses layers the engine lacks.
         layers = build_layer_caches(self.model, max_batch_size, self.max_seq_len, self.dtype, self.device)
         self.cache = EngineCache(layers, max_batch_size, self.max_seq_len, self.dtype)
+        self.routing = RoutingRecorder(self.model, self.decoder, self.cache, self.device) if record_routing else None
         self.stats = EngineStats()
         self.asleep = False
         self._logits_buffer = self._work_buffer = None  # [max_batch_size, V] float32, made on first use
@@ -340,6 +344,7 @@ class _GenerateCall:
             logprobs=rows.logprobs[slot, :count].tolist(),
             finish_reason=finish_reason,  # type: ignore[arg-type]
             text=text,
+            routed_experts=self.engine.routing.read(slot, len(info.prompt) + count - 1) if self.engine.routing else None,
         )
 
 
