@@ -66,3 +66,8 @@ def test_trained_checkpoint_to_hf_is_the_trained_model_and_evaluates_alike(famil
     hf, ckpt = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("hf", "ckpt"))
     assert hf["results"] == ckpt["results"] and hf["summary"] == ckpt["summary"]
     assert hf["results"][0]["num_items"] == 3
+
+
+def test_the_documented_matrix_says_so(documented_families):
+    assert set(documented_families) == set(FAMILIES)
+    assert all(row["rl-checkpoint, rl-eval"] == "yes" for row in documented_families.values())
