@@ -1,6 +1,6 @@
 """families-gen: generation tokens/s of the native engine vs HF generate on the newer families, at
 SmolLM2-135M's size with random weights: a Qwen3.5 hybrid (gated delta-net + full attention, 3:1) and a
-Qwen3-MoE (32 experts, 4 per token: the active MLP of SmolLM2's dense one).
+Qwen3-MoE (8 experts, 2 per token: the active MLP of SmolLM2's dense one; 320M parameters in all).
 
     python bench/families_gen.py                        # both families, batch 64, fp32, 64 new tokens
     python bench/families_gen.py --families qwen3_moe --dtype bfloat16
@@ -31,7 +31,7 @@ SIZES = {
     "qwen3_5_text": dict(SMOLLM2, layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 7
                          + ["linear_attention", "full_attention"], linear_num_key_heads=4, linear_num_value_heads=8,
                          linear_key_head_dim=64, linear_value_head_dim=64),
-    "qwen3_moe": dict(SMOLLM2, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=384),
+    "qwen3_moe": dict(SMOLLM2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=768),
 }
 
 
