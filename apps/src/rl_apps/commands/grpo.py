@@ -59,6 +59,13 @@ class GRPORunConfig(RunConfig):
         return self
 
     @model_validator(mode="after")
+    def _router_replay_has_a_record(self) -> GRPORunConfig:
+        if self.policy.moe.router_replay and not self.generation.record_routing:
+            raise ValueError("policy.moe.router_replay=true replays the experts the generation engine records: set "
+                             "generation.record_routing=true (backend=native)")
+        return self
+
+    @model_validator(mode="after")
     def _validation_split_exists(self) -> GRPORunConfig:
         if self.grpo.val_every > 0 and not self.data.has_split("validation"):
             raise ValueError("grpo.val_every > 0 needs held-out prompts: set data.validation_path "

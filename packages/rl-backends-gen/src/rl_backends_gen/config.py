@@ -123,6 +123,10 @@ class GenerationConfig(StrictModel):
     """native only: prompts prefilled together that start with the same tokens (a system prompt, the
     instruction template) compute that prefix once. Same outputs; vLLM's counterpart is
     ``vllm.enable_prefix_caching``."""
+    record_routing: bool = False
+    """native only, mixture-of-experts models: each completion carries the experts every MoE layer chose
+    for each of its tokens (``Completion.routed_experts``), which the trainer replays with
+    ``policy.moe.router_replay`` (MoE router replay: generation and training then route alike)."""
     num_replicas: int = Field(0, ge=0)
     """Data-parallel replicas as Ray actors; 0 runs one engine inside this process."""
     cpus_per_replica: float = Field(1.0, gt=0)
@@ -147,6 +151,13 @@ class GenerationConfig(StrictModel):
     """Speculative decoding (native engine; vllm maps it to its ``speculative_config``). None: off."""
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     sglang: SglangConfig = Field(default_factory=SglangConfig)
+
+    @model_validator(mode="after")
+    def _check_record_routing(self) -> GenerationConfig:
+        if self.record_routing and self.backend != "native":
+            raise ValueError(f"generation.record_routing=true is implemented by the native engine, not backend="
+                             f"{self.backend}: set generation.backend=native or record_routing=false")
+        return self
 
     @model_validator(mode="after")
     def _check_speculative(self) -> GenerationConfig:

@@ -55,6 +55,17 @@ class DynamicBatchingConfig(StrictModel):
     """Budget on rows x longest sequence of a micro-batch."""
 
 
+class MoEConfig(StrictModel):
+    """Settings of mixture-of-experts models."""
+
+    router_replay: bool = False
+    """backend=dtensor: MoE router replay. Every MoE layer sends each token to the experts the generation
+    engine chose for it (the batch's ``routed_experts``, recorded with ``generation.record_routing``),
+    weighted by the router's own probabilities for them (the router keeps its gradients), so generation
+    and training logprobs agree for MoE models as for dense ones (``router_replay.py``). Tokens without a
+    record keep the router's own choice. On a dense model: an error."""
+
+
 class OptimizerConfig(StrictModel):
     """AdamW, or Muon for 2-D hidden weights with AdamW for the rest."""
 
@@ -171,6 +182,7 @@ class TrainBackendConfig(StrictModel):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     max_grad_norm: float | None = Field(1.0, gt=0.0)
     """Clip the global gradient norm to this value (None: no clipping; the norm is still reported)."""
+    moe: MoEConfig = Field(default_factory=MoEConfig)
     lora: LoRAConfig | None = None
     """Train low-rank adapters only (None: full fine-tuning). On a vision-language model the adapters go to
     the language model only (its vision tower stays frozen)."""
@@ -228,6 +240,9 @@ class TrainBackendConfig(StrictModel):
             if self.context_parallel_size > 1:
                 raise ValueError("expert_parallel_size > 1 with context_parallel_size > 1 is not supported: set one of "
                                  "them to 1")
+        if self.moe.router_replay and self.backend != "dtensor":
+            raise ValueError(f"moe.router_replay=true is implemented by backend=dtensor, not backend={self.backend}: set "
+                             "backend=dtensor or moe.router_replay=false")
         if self.sequence_parallel and self.tensor_parallel_size == 1:
             raise ValueError("sequence_parallel=True shards activations over the tensor-parallel ranks and needs "
                              "tensor_parallel_size > 1; set tensor_parallel_size (e.g. 2) or sequence_parallel=False")

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from rl_backends_train import vision
+from rl_backends_train import router_replay, vision
 from rl_backends_train.batching import MicroBatch, pack_rows
 from rl_backends_train.families import packed_attention_mask
 from rl_core.types import ModelOutputs
@@ -47,6 +47,7 @@ def run_model(model: nn.Module, mb: MicroBatch, score_head: nn.Module | None,
             if has_image_rows(batch):
                 raise ValueError("packed micro-batches cannot carry images: set packing.enabled=false")
             ids, position_ids, mask, unpack_index = pack_rows(batch, share_prompts=mb.share_prompts)
+            router_replay.set_routing(model, batch, device, packed_index=unpack_index)
             extra = {}
             if keep_last > 0:
                 unpack_index = unpack_index[:, unpack_index.shape[1] - keep_last:]
@@ -62,6 +63,7 @@ def run_model(model: nn.Module, mb: MicroBatch, score_head: nn.Module | None,
         else:
             extra = {"logits_to_keep": keep_last} if keep_last > 0 else {}
             extra |= vision.forward_inputs(batch, device)
+            router_replay.set_routing(model, batch, device)
             with vision.vision_pass_without_images(model, has_images="pixel_values" in extra):
                 out = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
                             **extra)

@@ -78,6 +78,10 @@ class Completion:
     """Logprob of each generated token under the documented convention; len == len(token_ids)."""
     finish_reason: FinishReason
     text: str | None = None
+    routed_experts: torch.Tensor | None = None
+    """MoE router replay (``generation.record_routing``): the experts each MoE layer chose for every
+    token the engine ran through the model (the prompt and every generated token but the last),
+    ``[len(prompt_token_ids) + len(token_ids) - 1, moe_layers, k]`` int16 (``rl_core.models.moe``)."""
 
     @property
     def num_tokens(self) -> int:

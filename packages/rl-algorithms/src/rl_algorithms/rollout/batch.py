@@ -10,6 +10,7 @@ import torch
 from rl_algorithms.rollout.episode import Episode
 from rl_algorithms.rollout.image_prompts import episode_image_rows
 from rl_core.batch import Batch
+from rl_core.models.moe import NOT_RECORDED, ROUTING_DTYPE
 
 
 def episodes_to_batch(episodes: Sequence[Episode], pad_token_id: int) -> Batch:
@@ -18,9 +19,11 @@ def episodes_to_batch(episodes: Sequence[Episode], pad_token_id: int) -> Batch:
     Keys: ``input_ids`` [B, T] long, ``attention_mask`` [B, T] long, ``loss_mask`` [B, T] float,
     ``gen_logprobs`` [B, T] float, ``rewards`` [B] float, ``group_ids`` [B] long, ``sample_indices`` [B]
     long, ``truncated`` [B] bool, ``env_error`` [B] bool, ``prompt_lengths`` [B] long,
-    ``response_lengths`` [B] long (generated tokens over all turns), ``num_turns`` [B] long, and one
+    ``response_lengths`` [B] long (generated tokens over all turns), ``num_turns`` [B] long, one
     ``reward_component.<name>`` [B] float per reward component (0 where an episode lacks it); prompts with
-    images add their image rows and ``mm_token_type_ids`` (``image_prompts.episode_image_rows``).
+    images add their image rows and ``mm_token_type_ids`` (``image_prompts.episode_image_rows``); when
+    the engine recorded MoE routing, ``routed_experts`` [B, T, moe_layers, k] int16 (-1 where nothing
+    was recorded).
     """
     if not episodes:
         raise ValueError("episodes_to_batch needs at least one episode")
@@ -50,11 +53,25 @@ def episodes_to_batch(episodes: Sequence[Episode], pad_token_id: int) -> Batch:
         "response_lengths": torch.tensor([ep.response_length for ep in episodes], dtype=torch.long),
         "num_turns": torch.tensor([ep.num_turns for ep in episodes], dtype=torch.long),
     }
+    routed = [ep.routed_experts for ep in episodes]
+    if any(r is not None for r in routed):
+        batch["routed_experts"] = routing_tensor(routed, length)
     for name in sorted({name for ep in episodes for name in ep.reward_components}):
         batch[f"reward_component.{name}"] = torch.tensor(
             [ep.reward_components.get(name, 0.0) for ep in episodes], dtype=torch.float32)
     batch.update(episode_image_rows(episodes, length))  # prompts with images: their tensors as rows
     return batch
+
+
+def routing_tensor(records: Sequence[torch.Tensor | None], length: int) -> torch.Tensor:
+    """Right-padded ``[B, length, moe_layers, k]`` routing records, -1 (not recorded) around them."""
+    shape = next(r for r in records if r is not None).shape[1:]
+    out = torch.full((len(records), length, *shape), NOT_RECORDED, dtype=ROUTING_DTYPE)
+    for row, record in enumerate(records):
+        if record is not None:
+            record = record[:length]
+            out[row, : record.shape[0]] = record
+    return out
 
 
 def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:

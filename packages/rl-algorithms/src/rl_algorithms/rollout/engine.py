@@ -175,6 +175,8 @@ def _record_turn(ep: _Live, completion: Completion, chat: ChatTokens, max_turns:
     episode.token_ids += tokens
     episode.loss_mask += [1] * len(tokens)
     episode.gen_logprobs += logprobs
+    if completion.routed_experts is not None:
+        episode.routed_experts = completion.routed_experts[: len(episode.token_ids)]
     episode.num_turns += 1
     episode.messages.append({"role": "assistant", "content": chat.tokenizer.decode(tokens, skip_special_tokens=True)})
     ep.last_generated = tokens

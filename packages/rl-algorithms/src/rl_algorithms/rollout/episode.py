@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rl_core.types import PromptSample
 from rl_core.vision_inputs import EncodedChat
@@ -48,6 +49,10 @@ class Episode:
     """The environment wanted another turn but ``max_turns`` was reached."""
     prompt_inputs: EncodedChat | None = None
     """A prompt with images: its ``EncodedChat`` (``image_prompts.py``); None for a text prompt."""
+    routed_experts: Any = None
+    """MoE router replay (``generation.record_routing``): the latest turn's ``Completion.routed_experts``,
+    ``[positions, moe_layers, k]`` int16 for the first positions of ``token_ids`` (the engine ran every
+    earlier turn and observation again as that turn's prompt); None without a record."""
 
     @property
     def response_length(self) -> int:

@@ -194,6 +194,7 @@ class GenerateCall:
             logprobs=rows.logprobs[slot, :count].tolist(),
             finish_reason=finish_reason,  # type: ignore[arg-type]
             text=text,
+            routed_experts=self.engine.routing.read(slot, len(info.prompt) + count - 1) if self.engine.routing else None,
         )
 
 

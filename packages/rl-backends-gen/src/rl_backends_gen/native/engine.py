@@ -26,6 +26,7 @@ from rl_backends_gen.native.cache import EngineCache
 from rl_backends_gen.native.call import GenerateCall
 from rl_backends_gen.native.fp8 import quantize_engine_weights
 from rl_backends_gen.native.layers import build_layer_caches
+from rl_backends_gen.native.routing import RoutingRecorder
 from rl_backends_gen.native.sampling import call_base_seed
 from rl_backends_gen.native.vision import VisionPrefill, load_model
 from rl_backends_gen.requests import default_stop_token_ids, image_prompts, validate_prompts, validate_sampling
@@ -74,12 +75,14 @@ class NativeEngine:
             ("per_channel", the default, or "block"), re-quantized at every refit (see ``native/fp8.py``).
         speculative: a ``SpeculativeConfig``: decode steps propose and verify several tokens per row
             (``speculative.py``); None: one token per step.
+        record_routing: a mixture-of-experts model's completions carry ``routed_experts``, the experts
+            every MoE layer chose for each token (``routing.py``), for the trainer to replay.
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 64,
                  max_seq_len: int | None = None, seed: int | None = None, tokenizer=None,
                  max_prefill_tokens: int = 16384, share_prompt_prefix: bool = True, quantization: str | None = None,
-                 fp8_scheme: str | None = None, speculative=None):
+                 fp8_scheme: str | None = None, speculative=None, record_routing: bool = False):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if max_batch_size < 1:
@@ -108,6 +111,7 @@ class NativeEngine:
         self.cache = EngineCache(layers, max_batch_size, self.max_seq_len, self.dtype)
         # After the caches: their construction recognises attention by its nn.Linear projections.
         self.fp8_layers = quantize_engine_weights(self.model, quantization, fp8_scheme)
+        self.routing = RoutingRecorder(self.model, self.decoder, self.cache, self.device) if record_routing else None
         self.stats = EngineStats()
         self.speculative = None
         if speculative is not None:  # the proposer (n-gram or a draft with its own cache) and verification

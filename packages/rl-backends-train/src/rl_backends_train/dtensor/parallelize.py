@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from rl_backends_train import vision
+from rl_backends_train import router_replay, vision
 from rl_backends_train.config import TrainBackendConfig
 from rl_backends_train.families import check_tensor_parallel_sizes, check_training_layout, tensor_parallel_layer_plan
 from rl_backends_train.fp8 import convert_linears_to_fp8
@@ -177,6 +177,8 @@ def build_parallel_model(model_path: str, cfg: TrainBackendConfig, mesh: DeviceM
     """Load the HF model and parallelise it in the one order this backend uses."""
     model = load_hf_model(model_path, cfg)
     check_training_layout(model.config, cfg)
+    if cfg.moe.router_replay:  # MoE routers that replay the generation's experts (router_replay.py)
+        router_replay.install(model)
     parts = vision.vision_parts(model)
     # 1. LoRA: swap targeted Linears (of the language model) for LoRALinear while the module tree is plain.
     if trainable and cfg.lora is not None:

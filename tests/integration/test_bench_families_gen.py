@@ -1,0 +1,37 @@
+"""bench/families_gen.py: the SmolLM2-sized hybrid and MoE models it benchmarks, and its --tiny mode end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "families_gen.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("families_gen", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmarked_models_have_smollm2s_size():
+    from rl_core.models.tiny import build_tiny_tokenizer, tiny_model_config
+
+    bench, tokenizer = load(), build_tiny_tokenizer()
+    hybrid = tiny_model_config(tokenizer, "qwen3_5_text", **bench.SIZES["qwen3_5_text"])
+    assert hybrid.num_hidden_layers == len(hybrid.layer_types) == 30
+    assert hybrid.layer_types.count("full_attention") == 8 and hybrid.hidden_size == 576
+    moe = tiny_model_config(tokenizer, "qwen3_moe", **bench.SIZES["qwen3_moe"])
+    # the experts a token runs hold the parameters of SmolLM2's dense MLP
+    assert moe.num_experts_per_tok * moe.moe_intermediate_size == bench.SMOLLM2["intermediate_size"] == 1536
+    assert moe.vocab_size == 49152 and moe.num_hidden_layers == 30
+
+
+def test_tiny_mode_runs_both_engines_on_both_families(capsys):
+    results = load().main(["--tiny"])
+    assert set(results) == {"qwen3_5_text", "qwen3_moe"}
+    for family, r in results.items():
+        assert r["native"] > 0 and r["hf"] > 0 and abs(r["ratio"] - r["native"] / r["hf"]) < 1e-9, family
+    out = capsys.readouterr().out
+    assert "qwen3_moe   float32     4   ratio native/hf = " in out
