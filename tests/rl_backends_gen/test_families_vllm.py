@@ -75,3 +75,20 @@ def test_vllm_greedy_logprobs_and_refit(family, tiny_family_dir, tiny_prompts, t
         assert [r[0].token_ids for r in backend.generate(prompts, GREEDY)] == hf_greedy(path, prompts, weights)
     finally:
         backend.shutdown()
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - set(VLLM_FAMILIES)))
+def test_moe_refit_into_vllm_is_refused_and_dense_is_not(family, tiny_family_dir):
+    """No vLLM needed: the refusal is read from the HF config (every MoE family of the matrix; none of the
+    families vLLM runs)."""
+    from transformers import AutoConfig
+
+    from rl_backends_gen.vllm_args import moe_refit_refusal
+
+    config = AutoConfig.from_pretrained(tiny_family_dir(family))
+    refusal = moe_refit_refusal(config)
+    is_moe = any(getattr(config.get_text_config(), k, 0) for k in ("num_experts", "num_local_experts",
+                                                                    "n_routed_experts"))
+    assert (refusal is not None) == is_moe, family
+    for dense in VLLM_FAMILIES:
+        assert moe_refit_refusal(AutoConfig.from_pretrained(tiny_family_dir(dense))) is None

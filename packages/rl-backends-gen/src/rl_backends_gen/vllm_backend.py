@@ -29,7 +29,7 @@ import torch
 from rl_backends_gen import vllm_worker
 from rl_backends_gen.config import GenerationConfig, config_from_settings
 from rl_backends_gen.requests import default_stop_token_ids, validate_prompts, validate_sampling
-from rl_backends_gen.vllm_args import engine_kwargs, sleep_mode
+from rl_backends_gen.vllm_args import engine_kwargs, moe_refit_refusal, sleep_mode
 from rl_backends_gen.weights import chunk_named_tensors
 from rl_core.types import Completion, SamplingParams
 
@@ -68,6 +68,7 @@ class VllmBackend:
         self.device = cfg.device
         self.dtype = cfg.dtype
         self.refit_bucket_bytes = cfg.refit_bucket_bytes
+        self.refit_refusal = moe_refit_refusal(config)  # None: refit allowed
         self.async_engine = cfg.vllm.async_engine
         self.sleep_supported = sleep_mode(cfg)
         self.engine_args = engine_kwargs(cfg, model_path, self.max_seq_len)
@@ -158,6 +159,8 @@ class VllmBackend:
         self.finish_weight_update()
 
     def begin_weight_update(self) -> None:
+        if self.refit_refusal is not None:
+            raise ValueError(self.refit_refusal)
         self._collective_rpc(vllm_worker.begin_refit, ())
 
     def load_weight_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
