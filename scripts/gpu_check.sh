@@ -2,6 +2,8 @@
 # The GPU checks, as one short script for a device machine (one CUDA GPU, no network), ending in a
 # summary table (check, pass/fail/skip, seconds), also written to $OUT/summary.txt:
 #   - native engine on CUDA: greedy and logprobs vs HF (fp32), bf16 decode vs an HF bf16 forward, sleep
+#   - native engine features on CUDA: every tiny model family vs HF, speculative decoding (n-gram, draft)
+#     vs plain greedy, prompts with images vs HF generate, the MoE routing record vs a plain forward
 #   - DTensor: bf16 mixed precision (with and without CPU offload); DCP save/load and resume
 #   - Megatron-core: one forward and one step equal DTensor's
 #   - LoRA: adapters trained, merged and refit into the native engine
@@ -63,6 +65,7 @@ run_pytest() {  # run_pytest LABEL TIMEOUT_S TEST_PATH...: one pytest process, a
 run_pytest engines-and-training 300 tests/rl_backends_gen/test_native_cuda.py tests/rl_backends_train/test_dtensor_gpu.py \
     tests/gpu_checks/test_dtensor_checkpoint_cuda.py tests/gpu_checks/test_megatron_cuda.py \
     tests/gpu_checks/test_lora_refit_cuda.py
+run_pytest engine-features 200 tests/gpu_checks/test_engine_features_cuda.py
 run_pytest grpo-colocated 150 tests/gpu_checks/test_grpo_colocated_cuda.py
 run_pytest ray-one-gpu 150 tests/gpu_checks/test_ray_one_gpu.py
 # FP8 (issue 24): torch._scaled_mm against the CPU reference, DTensor FP8 training (torchao float8:

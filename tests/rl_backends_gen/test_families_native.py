@@ -28,7 +28,7 @@ def hf_model(path: str):
 
 def hf_greedy(path: str, prompts):
     """HF ``generate``, one prompt at a time (no padding at all)."""
-    return HFGenerationBackend(path, batch_size=1, attn_implementation=None).generate(prompts, GREEDY)
+    return HFGenerationBackend(path, batch_size=1).generate(prompts, GREEDY)
 
 
 def max_logprob_gap(results, prompts, training_logprobs, model, temperature: float) -> float:

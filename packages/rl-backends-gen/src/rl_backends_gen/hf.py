@@ -32,7 +32,7 @@ class HFGenerationBackend:
     """``GenerationBackend`` over ``model.generate`` with left-padded batches of ``batch_size`` prompts."""
 
     def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu", *, batch_size: int = 64,
-                 tokenizer=None, attn_implementation: str = "sdpa"):
+                 tokenizer=None, attn_implementation: str | None = None):
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
         if dtype not in DTYPES:

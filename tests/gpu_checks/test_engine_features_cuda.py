@@ -1,0 +1,101 @@
+"""The native engine's newer paths on CUDA (skipped without a GPU; scripts/gpu_check.sh runs them): every model
+family of ``rl_core.models.tiny`` against HF on the same GPU, speculative decoding, prompts with images, and
+the MoE routing record. The CPU tests of each feature hold the same claims at fp32 on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_backends_gen.config import SpeculativeConfig
+from rl_backends_gen.hf import HFGenerationBackend
+from rl_backends_gen.native import NativeEngine
+from rl_core.models.moe import moe_routers
+from rl_core.models.tiny import FAMILIES
+from rl_core.types import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = "cuda"
+GREEDY = SamplingParams(max_new_tokens=16, temperature=0.0)
+
+
+def tokens(results):
+    return [[c.token_ids for c in samples] for samples in results]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_greedy_and_logprobs_equal_hf_on_the_gpu(family, tiny_family_dir, tiny_prompts):
+    path = tiny_family_dir(family)
+    engine = NativeEngine(path, device=DEVICE, max_batch_size=8, max_seq_len=128)
+    got = engine.generate(tiny_prompts, GREEDY)
+    want = HFGenerationBackend(path, device=DEVICE, batch_size=1).generate(tiny_prompts, GREEDY)
+    assert tokens(got) == tokens(want), family
+    assert max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g[0].logprobs, w[0].logprobs)) <= 1e-4
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("speculative", [
+    SpeculativeConfig(method="ngram", num_tokens=3, ngram={"min_n": 1, "max_n": 3}),
+    SpeculativeConfig(method="draft", num_tokens=3, draft_model="policy_layers:1"),
+], ids=["ngram", "draft"])
+def test_speculative_greedy_is_plain_greedy_on_the_gpu(speculative, tiny_model_dir, tiny_prompts, tiny_tokenizer):
+    prompts = tiny_prompts + [tiny_tokenizer.encode("1 2 3 1 2 3 1 2 3 1 2")]
+    greedy = SamplingParams(max_new_tokens=24, temperature=0.0)
+    plain = NativeEngine(tiny_model_dir, device=DEVICE, max_batch_size=3, max_seq_len=128)
+    expected = plain.generate(prompts * 2, greedy)
+    engine = NativeEngine(tiny_model_dir, device=DEVICE, max_batch_size=3, max_seq_len=128, speculative=speculative)
+    got = engine.generate(prompts * 2, greedy)
+    assert tokens(got) == tokens(expected)
+    assert max(abs(a - b) for g, w in zip(got, expected) for a, b in zip(g[0].logprobs, w[0].logprobs)) <= 1e-4
+    assert engine.speculative.last_call.proposed_tokens > 0
+    plain.shutdown()
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "idefics3"])
+def test_prompts_with_images_equal_hf_generate_on_the_gpu(family, tiny_vlm_dir):
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText
+
+    from rl_core.models.processor import load_processor
+    from rl_core.vision_inputs import encode_chat
+
+    path = tiny_vlm_dir(family)
+    processor = load_processor(path)
+    chats = [[{"role": "user", "content": [{"type": "image", "image": Image.new("RGB", size, colour)},
+                                           {"type": "text", "text": "colour?"}]}]
+             for size, colour in (((32, 32), (255, 0, 0)), ((40, 24), (0, 0, 255)))]
+    prompts = [encode_chat(processor, chat, add_generation_prompt=True) for chat in chats]
+    engine = NativeEngine(path, device=DEVICE, max_batch_size=4, max_seq_len=256)
+    got = [r[0].token_ids for r in engine.generate(prompts, GREEDY)]
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).to(DEVICE).eval()
+    for prompt, generated in zip(prompts, got):
+        inputs = {"input_ids": torch.tensor([prompt.input_ids]), **prompt.image_inputs}
+        if prompt.mm_token_type_ids is not None:
+            inputs["mm_token_type_ids"] = torch.tensor([prompt.mm_token_type_ids])
+        inputs = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        out = model.generate(**inputs, max_new_tokens=GREEDY.max_new_tokens, do_sample=False)
+        assert generated == out[0, len(prompt.input_ids):].tolist()[: len(generated)], family
+    engine.shutdown()
+
+
+def test_moe_routing_record_is_a_plain_forwards_experts_on_the_gpu(tiny_family_dir, tiny_prompts):
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_family_dir("qwen3_moe")
+    engine = NativeEngine(path, device=DEVICE, max_batch_size=4, max_seq_len=128, record_routing=True)
+    results = engine.generate(tiny_prompts, SamplingParams(max_new_tokens=12, temperature=1.0, n=2, seed=3))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(DEVICE).eval()
+    chosen = []
+    for router in moe_routers(model):
+        router.register_forward_hook(lambda _m, _a, out: chosen.append(out[2]))
+    for prompt, samples in zip(tiny_prompts, results):
+        for completion in samples:
+            ran = prompt + completion.token_ids[:-1]  # the last generated token never ran
+            chosen.clear()
+            with torch.no_grad():
+                model(input_ids=torch.tensor([ran], device=DEVICE))
+            expected = torch.stack(chosen, dim=1).sort(-1).values.cpu()
+            assert torch.equal(completion.routed_experts.long().sort(-1).values, expected)
+    engine.shutdown()
