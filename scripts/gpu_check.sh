@@ -19,7 +19,7 @@
 # SGLang on GPU (their CUDA wheels are far over what a device call carries; `nox -s vllm` / `nox -s
 # sglang` on a networked GPU machine). Logs and JUnit files go to $OUT (or ./gpu_check_out).
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 out="$(mkdir -p "${OUT:-gpu_check_out}" && cd "${OUT:-gpu_check_out}" && pwd)"
 python="${PYTHON:-python3}"
 mkdir -p "$out/junit"
@@ -76,29 +76,22 @@ run_pytest ray-one-gpu 150 tests/gpu_checks/test_ray_one_gpu.py
 run_pytest fp8 150 tests/rl_core/test_fp8_numerics.py tests/rl_backends_train/test_fp8_training.py \
     tests/gpu_checks/test_fp8_generation_cuda.py
 
-start=$SECONDS
-if [[ "$has_cuda" == 1 ]]; then
-    timeout 150 "$python" bench/gen_gpu.py --batch-sizes 64 256 --new-tokens 128 2>&1 | grep -v "Loading weights" \
-        > "$out/gen_gpu.txt"
-    rc=${PIPESTATUS[0]}
-    cat "$out/gen_gpu.txt"
-else
-    echo "no CUDA GPU" > "$out/gen_gpu.txt"
-    rc=skip
-fi
-printf 'bench gen-gpu\t%s\t%s\n' "$rc" "$((SECONDS - start))" >> "$out/runs.tsv"
+run_bench() {  # run_bench NAME TIMEOUT_S SCRIPT ARGS...: a benchmark's output into $out/NAME.txt, skip without CUDA
+    local name="$1" limit="$2" start=$SECONDS rc
+    shift 2
+    if [[ "$has_cuda" == 1 ]]; then
+        timeout "$limit" "$python" "$@" 2>&1 | grep -v "Loading weights" > "$out/$name.txt"
+        rc=${PIPESTATUS[0]}
+        cat "$out/$name.txt"
+    else
+        echo "no CUDA GPU" > "$out/$name.txt"
+        rc=skip
+    fi
+    printf 'bench %s\t%s\t%s\n' "${name//_/-}" "$rc" "$((SECONDS - start))" >> "$out/runs.tsv"
+}
 
-start=$SECONDS
-if [[ "$has_cuda" == 1 ]]; then  # fp8-step: FP8 vs bf16 training step time
-    timeout 100 "$python" bench/fp8_step.py --recipes tensorwise rowwise 2>&1 | grep -v "Loading weights" \
-        > "$out/fp8_step.txt"
-    rc=${PIPESTATUS[0]}
-    cat "$out/fp8_step.txt"
-else
-    echo "no CUDA GPU" > "$out/fp8_step.txt"
-    rc=skip
-fi
-printf 'bench fp8-step\t%s\t%s\n' "$rc" "$((SECONDS - start))" >> "$out/runs.tsv"
+run_bench gen_gpu 150 bench/gen_gpu.py --batch-sizes 64 256 --new-tokens 128
+run_bench fp8_step 100 bench/fp8_step.py --recipes tensorwise rowwise  # FP8 vs bf16 training step time
 
 "$python" - "$out" <<'PY'
 """The summary: one row per test (from the JUnit files) and per run without one (a crash, a timeout)."""
