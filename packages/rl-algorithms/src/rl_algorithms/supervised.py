@@ -15,6 +15,7 @@ from pydantic import Field
 
 from rl_algorithms.checkpointing import CheckpointManager
 from rl_algorithms.data.sampler import EpochSampler
+from rl_algorithms.draft import speculative_metrics, train_draft
 from rl_algorithms.loop import LoopConfig, Metrics, MetricsSink, Validate, refit, train_loop
 from rl_core.batch import Batch
 from rl_core.protocols import GenerationBackend, LossFn, TrainingBackend
@@ -50,6 +51,8 @@ def supervised_train(cfg: SupervisedLoopConfig, policy: TrainingBackend, items: 
         if generation is not None:
             with timer.time("refit"):
                 refit(policy, generation)
+            metrics.update(speculative_metrics(generation))
+            metrics.update(train_draft(generation, batch))  # speculative.train_draft: the draft follows the policy
         return metrics
 
     return train_loop(cfg, policy, sampler, train_step, validate=validate, logger=logger, checkpointer=checkpointer,

@@ -83,6 +83,20 @@ class SpeculativeConfig(StrictModel):
     with the policy's tokenizer."""
     ngram: NgramConfig = Field(default_factory=NgramConfig)
     """method=ngram: the suffix lengths searched."""
+    train_draft: bool = False
+    """method=draft, native engine in this process: after every refit of a GRPO / on-policy distillation
+    step the draft is distilled from the new policy on that step's rollouts (the library's top-k KL),
+    so acceptance keeps up with the moving policy. A ``policy_layers:N`` draft then owns copies of its
+    N layers and final norm (trained) and keeps sharing the embeddings and head with the policy (refit
+    updates those). See docs/generation.md, "Online draft"."""
+    draft_lr: float = Field(1e-4, gt=0)
+    """train_draft: AdamW learning rate of the draft's own parameters."""
+    draft_steps: int = Field(1, ge=1)
+    """train_draft: optimizer steps of the draft per training step, each a pass over the step's rollouts."""
+    draft_top_k: int = Field(64, ge=1)
+    """train_draft: the policy's most likely tokens per position that the draft is distilled on (the
+    policy's distribution is re-normalised over them: exact when they hold nearly all its mass; a flat
+    policy, e.g. a random tiny model, needs up to the vocabulary size)."""
 
     @model_validator(mode="after")
     def _check_method(self) -> SpeculativeConfig:
@@ -91,6 +105,13 @@ class SpeculativeConfig(StrictModel):
             if not count.isdigit() or int(count) < 1:
                 raise ValueError(f"draft_model {self.draft_model!r}: write policy_layers:N with N >= 1 "
                                  "(the policy's first N layers), or a path to an HF model")
+        if self.train_draft and self.method != "draft":
+            raise ValueError(f"train_draft=true trains a draft model; method={self.method} has none: set "
+                             "method: draft, or train_draft: false")
+        knobs = sorted(self.model_fields_set & {"draft_lr", "draft_steps", "draft_top_k"})
+        if knobs and not self.train_draft:
+            raise ValueError(f"{', '.join(knobs)} only apply with train_draft: true; set train_draft: true or "
+                             "remove them")
         return self
 
     @property
@@ -170,6 +191,8 @@ class GenerationConfig(StrictModel):
         if self.backend == "vllm" and spec.method == "draft" and spec.policy_layers is not None:
             raise ValueError(f"generation.speculative.draft_model={spec.draft_model} is the native engine's; vLLM "
                              "needs a path to an HF draft model with the policy's tokenizer")
+        if spec.train_draft:
+            check_train_draft(self)
         return self
 
     @model_validator(mode="after")
@@ -185,6 +208,22 @@ class GenerationConfig(StrictModel):
         if self.backend == "vllm":
             check_vllm_fp8(self)
         return self
+
+
+def check_train_draft(cfg: GenerationConfig) -> None:
+    """Where ``speculative.train_draft`` runs: the native engine in this process (it holds the draft and the
+    refitted policy), with weights it can copy and train (not fp8)."""
+    where = "generation.speculative.train_draft=true"
+    if cfg.backend != "native":
+        raise ValueError(f"{where} trains the native engine's draft; backend={cfg.backend} keeps its draft fixed: "
+                         "set generation.backend=native or train_draft: false")
+    if cfg.num_replicas > 0:
+        raise ValueError(f"{where} trains the draft of the engine in this process; with num_replicas="
+                         f"{cfg.num_replicas} each Ray replica holds its own: set generation.num_replicas=0 or "
+                         "train_draft: false")
+    if cfg.quantization is not None:
+        raise ValueError(f"{where} trains the draft's layers in generation.dtype; quantization={cfg.quantization} "
+                         "holds them in fp8: remove generation.quantization or set train_draft: false")
 
 
 def check_vllm_fp8(cfg: GenerationConfig) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from rl_algorithms.checkpointing import CheckpointManager
+from rl_algorithms.draft import train_draft
 from rl_algorithms.grpo.config import GRPOConfig, LossConfig
 from rl_algorithms.grpo.data import PromptStream
 from rl_algorithms.grpo.rewards import compute_rewards_and_advantages
@@ -141,6 +142,8 @@ def grpo_step(
     if trained:
         with timer.time("refit"):
             refit(policy, generation)
+    if episodes:  # generation.speculative.train_draft: the draft follows the refitted policy
+        metrics.update(train_draft(generation, batch))
     return metrics
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from rl_backends_gen.native.cache import AttentionKV
-from rl_backends_gen.native.steps import DecodeStep, PrefillStep
+from rl_backends_gen.native.steps import DecodeStep, PrefillStep, SequenceStep
 
 ATTENTION_NAME = "rl_native"
 
@@ -28,6 +28,9 @@ def native_attention(module, query, key, value, attention_mask, scaling=None, dr
             "load a separate model for plain forward passes"
         )
     layer = rl_step.cache.layers[module.layer_idx]
+    if isinstance(rl_step, SequenceStep):  # draft training: whole sequences, no cache
+        allowed = rl_step.mask(layer.window)[None, None]
+        return masked_attention(query, key, value, allowed, scaling, s_aux).transpose(1, 2).contiguous(), None
     if isinstance(rl_step, DecodeStep):
         return decode_attention(rl_step, layer, query, key, value, scaling, s_aux), None
     return prefill_attention(rl_step, layer, query, key, value, scaling, s_aux), None

@@ -166,11 +166,11 @@ class DraftProposer:
         return self.probs
 
 
-def build_draft(engine, draft_model: str, policy_layers: int | None) -> DraftProposer:
-    """The draft of ``engine``: its own first ``policy_layers`` layers (shared modules), or the HF causal
-    LM at ``draft_model``."""
+def build_draft(engine, draft_model: str, policy_layers: int | None, trained: bool = False) -> DraftProposer:
+    """The draft of ``engine``: its own first ``policy_layers`` layers (shared modules; ``trained``: copies of
+    the layers and final norm, see ``policy_layers_decoder``), or the HF causal LM at ``draft_model``."""
     if policy_layers is not None:
-        decoder = policy_layers_decoder(engine, policy_layers)
+        decoder = policy_layers_decoder(engine, policy_layers, own=trained)
         layers = [copy.copy(layer) for layer in engine.cache.layers[:policy_layers]]  # same kinds and shapes
         for layer in layers:
             if layer is not None:
@@ -192,9 +192,13 @@ def build_draft(engine, draft_model: str, policy_layers: int | None) -> DraftPro
     return DraftProposer(decoder, head, cache)
 
 
-def policy_layers_decoder(engine, count: int) -> nn.Module:
+def policy_layers_decoder(engine, count: int, own: bool = False) -> nn.Module:
     """A decoder of the engine model's class running the engine's own embeddings, first ``count`` layers
-    and final norm: shared modules, so no extra memory, and a refit of the policy updates the draft."""
+    and final norm: shared modules, so no extra memory, and a refit of the policy updates the draft.
+
+    ``own`` (a draft trained online): the layers and every other child with parameters except the
+    embeddings (the final norm) are copies the draft trains; a refit leaves them alone. The embeddings
+    (and the head, ``build_draft``) stay shared: frozen in draft training, updated by refit."""
     source = engine.decoder
     total = len(source.layers)
     if count >= total:
@@ -207,8 +211,13 @@ def policy_layers_decoder(engine, count: int) -> nn.Module:
             setattr(config, key, getattr(config, key)[:count])
     with torch.device("meta"):
         decoder = type(source)(config)
+    embeddings = source.get_input_embeddings()
     for name, child in source.named_children():
-        setattr(decoder, name, nn.ModuleList(list(child)[:count]) if name == "layers" else child)
+        if name == "layers":
+            child = nn.ModuleList(copy.deepcopy(layer) if own else layer for layer in list(child)[:count])
+        elif own and child is not embeddings and any(True for _ in child.parameters()):
+            child = copy.deepcopy(child)
+        setattr(decoder, name, child)
     leftover = [name for name, t in [*decoder.named_parameters(), *decoder.named_buffers()] if t.is_meta]
     if leftover:
         raise NotImplementedError(f"policy_layers draft: {config.model_type}'s decoder holds {leftover[:3]} "

@@ -74,7 +74,12 @@ class Speculator:
         if cfg.method == "ngram":
             self.proposer: NgramProposer | DraftProposer = NgramProposer(cfg.ngram.min_n, cfg.ngram.max_n)
         else:
-            self.proposer = build_draft(engine, cfg.draft_model, cfg.policy_layers)
+            self.proposer = build_draft(engine, cfg.draft_model, cfg.policy_layers, trained=cfg.train_draft)
+        self.trainer = None  # train_draft: the caller's training loop calls trainer.train(rollouts, loss)
+        if cfg.train_draft:
+            from rl_backends_gen.native.draft_training import DraftTrainer
+
+            self.trainer = DraftTrainer(engine, self.proposer, cfg.draft_lr, cfg.draft_steps, cfg.draft_top_k)
         self.stats = SpeculativeStats()  # since the last pop_metrics
         self.last_call = SpeculativeStats()
         self._logits = self._probs = None  # [max_rows x (k + 1), V] float32, made on first use

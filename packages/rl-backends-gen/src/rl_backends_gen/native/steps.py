@@ -79,3 +79,24 @@ class DecodeStep:
                 keep = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device).masked_fill(~keep, float("-inf"))
             self._masks[window] = (first, keep[:, None])
         return self._masks[window]
+
+
+class SequenceStep:
+    """Whole right-padded sequences ``[B, length]`` in one causal forward that reads and writes no cache
+    (the online draft's training: teacher and student forwards, ``draft_training.py``). ``cache`` only
+    tells each layer its kind and window; a real token never sees a pad (pads come after it)."""
+
+    def __init__(self, cache: EngineCache, length: int, device: torch.device):
+        self.cache, self.length, self.device = cache, length, device
+        self._masks: dict[int | None, torch.Tensor] = {}
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """[length, length] bool, True = may attend: causal, within ``window`` when set."""
+        if window not in self._masks:
+            q = torch.arange(self.length, device=self.device)[:, None]
+            k = torch.arange(self.length, device=self.device)[None, :]
+            allowed = k <= q
+            if window is not None:
+                allowed &= k > q - window
+            self._masks[window] = allowed
+        return self._masks[window]

@@ -1,0 +1,120 @@
+"""The online draft: distil the speculative draft from the policy the engine holds, on rollouts.
+
+``generation.speculative.train_draft``. After a refit the engine holds the new policy; the training loop
+(GRPO, on-policy distillation) then hands this step's rollouts and the library's distillation loss
+(``rl_algorithms.losses.DistillationKLLoss``: this package must not import rl-algorithms, so the caller
+passes it in) to ``DraftTrainer.train``::
+
+    teacher = top-k of the policy's logits on the rollouts        # the engine's model, no gradients
+    for each of draft_steps passes:
+        student = the draft's logits on the same rollouts         # the draft's own decoder and head
+        loss(student, teacher) on the generated tokens -> backward -> AdamW on the draft's own parameters
+
+Both forwards run the engine's modules with a ``SequenceStep`` (whole right-padded sequences, causal,
+no cache), so nothing the engine caches is touched. What the draft owns and trains: a ``policy_layers:N``
+draft its copies of the first N layers and the final norm (``proposers.policy_layers_decoder(own=True)``);
+it shares the embeddings and the head with the policy (frozen here, refitted with the policy). A draft
+loaded from a path owns all its parameters. A refit never writes what the draft owns.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rl_backends_gen.native.cache import AttentionKV
+from rl_backends_gen.native.proposers import DraftProposer
+from rl_backends_gen.native.steps import SequenceStep
+from rl_core.types import ModelOutputs, Normalizer
+
+BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask")
+MAX_GRAD_NORM = 1.0
+
+
+class DraftTrainer:
+    """An AdamW optimizer over the draft's own parameters and the distillation step of one training step."""
+
+    def __init__(self, engine, proposer: DraftProposer, lr: float, steps: int, top_k: int):
+        for what, layers in (("the policy", engine.cache.layers), ("the draft", proposer.cache.layers)):
+            for index, layer in enumerate(layers):
+                if not isinstance(layer, AttentionKV):
+                    raise NotImplementedError(
+                        f"generation.speculative.train_draft: {what}'s layer {index} is not softmax attention "
+                        f"({type(layer).__name__}); online draft training runs full / sliding-window attention "
+                        "models only: set train_draft: false")
+        if engine.fp8_layers:
+            raise ValueError("generation.speculative.train_draft trains the draft's layers in generation.dtype; "
+                             "this engine holds them in fp8: remove quantization or set train_draft: false")
+        self.engine, self.proposer = engine, proposer
+        self.steps, self.top_k = steps, top_k
+        self.parameters = owned_parameters(engine, proposer)
+        if not self.parameters:
+            raise ValueError("generation.speculative.train_draft: the draft shares every parameter with the policy, "
+                             "so it has nothing of its own to train")
+        for param in self.parameters:
+            param.requires_grad_(True)
+        self.optimizer = torch.optim.AdamW(self.parameters, lr=lr, weight_decay=0.0)
+
+    def train(self, batch, loss_fn) -> dict[str, float]:
+        """``draft_steps`` optimizer steps of the draft towards the engine's policy on ``batch`` (right-padded
+        ``input_ids`` / ``attention_mask`` / ``loss_mask`` [B, T]; the loss sees the ``loss_mask`` tokens).
+        ``loss_fn(outputs, batch, normalizer) -> (loss, metrics)`` reads ``outputs.logits`` and the batch's
+        ``teacher_topk_logits`` / ``teacher_topk_indices``. Returns the loss of the first pass (how far the
+        draft was from the policy) and of the last, the tokens and the seconds spent."""
+        start = time.perf_counter()
+        engine = self.engine
+        part = {key: batch[key].to(engine.device) for key in BATCH_KEYS}
+        length = part["input_ids"].shape[1]
+        chunks = torch.arange(part["input_ids"].shape[0]).split(max(1, engine.max_prefill_tokens // length))
+        with torch.no_grad():
+            tops = [self._logits(engine._forward, engine.head, engine.cache, part["input_ids"][rows]).topk(self.top_k)
+                    for rows in chunks]
+        part["teacher_topk_logits"] = torch.cat([top.values for top in tops])
+        part["teacher_topk_indices"] = torch.cat([top.indices for top in tops])
+        tokens = float(part["loss_mask"].sum())
+        normalizer = Normalizer(num_valid_tokens=max(tokens, 1.0), num_valid_sequences=float(len(part["loss_mask"])))
+        losses = []
+        for _ in range(self.steps):
+            self.optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for rows in chunks:
+                sub = {key: value[rows] for key, value in part.items()}
+                logits = self._logits(self.proposer.forward, self.proposer.head, self.proposer.cache, sub["input_ids"])
+                loss, _ = loss_fn(ModelOutputs(logprobs=token_logprobs(logits, sub["input_ids"]), logits=logits), sub,
+                                  normalizer)
+                loss.backward()
+                total += float(loss.detach())
+            torch.nn.utils.clip_grad_norm_(self.parameters, MAX_GRAD_NORM)
+            self.optimizer.step()
+            losses.append(total)
+        return {"distill_loss": losses[0], "distill_loss_last": losses[-1], "tokens": tokens,
+                "train_seconds": time.perf_counter() - start}
+
+    @staticmethod
+    def _logits(forward, head, cache, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[B, T, V]`` float32 logits aligned like ``ModelOutputs.logits``: row t scored ``input_ids[t]``
+        (row 0 is zero)."""
+        batch, length = input_ids.shape
+        positions = torch.arange(length, device=input_ids.device).expand(batch, length)
+        hidden = forward(input_ids, positions, SequenceStep(cache, length, input_ids.device))
+        logits = head(hidden[:, :-1]).float()
+        return torch.cat([logits.new_zeros(batch, 1, logits.shape[-1]), logits], dim=1)
+
+
+def owned_parameters(engine, proposer: DraftProposer) -> list[torch.nn.Parameter]:
+    """The draft's parameters that are not the policy's (each once)."""
+    policy = {id(param) for param in engine.model.parameters()}
+    seen: dict[int, torch.nn.Parameter] = {}
+    for module in (proposer.decoder, proposer.head):
+        for param in module.parameters():
+            if id(param) not in policy:
+                seen.setdefault(id(param), param)
+    return list(seen.values())
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """[B, T] logprob of each token under its aligned logits (position 0 is 0)."""
+    out = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[..., None]).squeeze(-1)
+    out[:, 0] = 0.0
+    return out
