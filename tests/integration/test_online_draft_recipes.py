@@ -1,0 +1,41 @@
+"""`rl grpo` and `rl distill` with generation.speculative.train_draft on the tiny model: every step logs the
+draft's distillation loss next to the acceptance rate of that step's rollouts."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from rl_apps import recipe_path
+from rl_apps.cli import main
+from rl_core.logging import read_jsonl_metrics
+
+
+ONLINE_DRAFT = ["generation.speculative.method=draft", "generation.speculative.draft_model=policy_layers:1",
+                "generation.speculative.train_draft=true"]
+
+
+def assert_draft_metrics(records: list[dict], steps: list[int]) -> None:
+    train = [r for r in records if "train/draft/distill_loss" in r]
+    assert [r["step"] for r in train] == steps
+    for record in train:
+        assert 0 < record["train/speculative/acceptance_rate"] <= 1
+        assert record["train/draft/tokens"] > 0 and record["train/draft/train_seconds"] > 0
+        assert math.isfinite(record["train/draft/distill_loss"]) and record["train/draft/distill_loss"] > 0
+
+
+def test_grpo_smoke_with_an_online_draft_logs_its_metrics(tmp_path):
+    os.environ.setdefault("RL_CACHE_DIR", str(tmp_path / "rl-cache"))
+    code = main(["grpo", "--config", recipe_path("grpo_smoke_tiny.yaml"), f"output_dir={tmp_path / 'run'}",
+                 "grpo.max_steps=2", "grpo.val_every=2", "logger.progress_bar=false",
+                 "checkpointing.save_at_end=false", *ONLINE_DRAFT])
+    assert code == 0
+    assert_draft_metrics(read_jsonl_metrics(tmp_path / "run" / "metrics.jsonl"), [1, 2])
+
+
+def test_on_policy_distillation_trains_the_draft_too(tmp_path):
+    os.environ.setdefault("RL_CACHE_DIR", str(tmp_path / "rl-cache"))
+    code = main(["distill", "--config", recipe_path("distill_tiny.yaml"), f"output_dir={tmp_path / 'run'}",
+                 "distill.max_steps=2", "distill.val_every=2", "checkpointing.save_at_end=false", *ONLINE_DRAFT])
+    assert code == 0
+    assert_draft_metrics(read_jsonl_metrics(tmp_path / "run" / "metrics.jsonl"), [1, 2])
