@@ -10,7 +10,6 @@ from rl_apps import recipe_path
 from rl_apps.cli import main
 from rl_core.logging import read_jsonl_metrics
 
-
 ONLINE_DRAFT = ["generation.speculative.method=draft", "generation.speculative.draft_model=policy_layers:1",
                 "generation.speculative.train_draft=true"]
 
