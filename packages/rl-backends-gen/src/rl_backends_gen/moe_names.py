@@ -10,8 +10,9 @@ that is what every trainer here sends (HF ``named_parameters``; Megatron's mappi
 
 ``save_pretrained`` writes them per expert, the layout of the family's checkpoints, which is what vLLM's
 loader reads (vllm 0.32 ``models/qwen3_moe.py`` / ``models/mixtral.py``: ``FusedMoE`` with ``ckpt_names``
-gate_proj/down_proj/up_proj resp. w1/w2/w3; a stacked name is taken by qwen3_moe as a "fused" checkpoint
-tensor but loaded wrongly, and refused by mixtral, whose modules live under ``block_sparse_moe``):
+gate_proj/down_proj/up_proj resp. w1/w2/w3). Stacked names are refused by mixtral's loader, whose modules
+live under ``block_sparse_moe``; qwen3_moe's loader in vLLM 0.32 also takes them as a "fused" checkpoint
+tensor, but the per-expert names are the checkpoint layout every vLLM version reads, so both are sent so:
 
     qwen3_moe  model.layers.{i}.mlp.experts.{e}.gate_proj.weight [I, H], up_proj [I, H], down_proj [H, I];
                router model.layers.{i}.mlp.gate.weight
