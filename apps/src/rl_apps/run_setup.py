@@ -280,8 +280,8 @@ def stop_tokens(tokenizer) -> tuple[int, ...]:
 
 def check_refit_target(generation_backend: str, model_path: str) -> None:
     """ConfigError on ``generation.backend`` when the trained weights of ``model_path`` cannot be refitted into
-    that backend (vLLM and a mixture-of-experts model: ``rl_backends_gen.vllm_args.moe_refit_refusal``), before
-    anything is written rather than at the first refit."""
+    that backend (vLLM and a mixture-of-experts family it cannot refit:
+    ``rl_backends_gen.vllm_args.moe_refit_refusal``), before anything is written rather than at the first refit."""
     if generation_backend != "vllm":
         return
     from transformers import AutoConfig

