@@ -15,6 +15,10 @@ The expert weights of a ``[E, out, in]`` layout (all but GPT-OSS's) are re-laid 
 reads a few-row input times a weight stored that way ~1.3x faster. Refit copies into the parameters
 in place (``copy_weights_in_place``), which keeps that layout. The gate (the model's own
 ``_apply_gate`` for gated experts, else its activation) and the biases are the module's.
+
+CPU only (``layers.build_layer_caches`` installs it there): it reads the per-expert counts on the host
+and launches one matmul pair per expert, where on CUDA transformers' default ``grouped_mm`` runs all
+experts in one kernel without a host sync.
 """
 
 from __future__ import annotations
