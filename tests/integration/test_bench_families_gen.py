@@ -1,4 +1,5 @@
-"""bench/families_gen.py: the SmolLM2-sized hybrid and MoE models it benchmarks, and its --tiny mode end to end."""
+"""bench/families_gen.py: the SmolLM2-sized hybrid and MoE models it benchmarks, and its --tiny mode end to end;
+bench/families_profile.py's --tiny and --kernels modes."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "families_gen.py"
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("families_gen", SCRIPT)
+def load(name: str = "families_gen"):
+    spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -35,3 +36,22 @@ def test_tiny_mode_runs_both_engines_on_both_families(capsys):
         assert r["native"] > 0 and r["hf"] > 0 and abs(r["ratio"] - r["native"] / r["hf"]) < 1e-9, family
     out = capsys.readouterr().out
     assert "qwen3_moe   float32     4   ratio native/hf = " in out
+
+
+def test_profile_tiny_mode_times_the_decode_step_per_module_kind(capsys):
+    """bench/families_profile.py --tiny: ms per decode step of the layers and of the modules the engine
+    replaced (experts, gated delta-net), each layer timed once per step."""
+    results = load("families_profile").main(["--tiny", "--new-tokens", "4"])
+    assert set(results) == {"qwen3_5_text", "qwen3_moe"}
+    assert results["qwen3_moe"]["Qwen3MoeExperts"] > 0 and results["qwen3_5_text"]["Qwen3_5GatedDeltaNet"] > 0
+    for family, kinds in results.items():  # a layer contains its modules
+        layer = next(ms for kind, ms in kinds.items() if kind.endswith("DecoderLayer"))
+        assert all(ms <= layer for kind, ms in kinds.items()), family
+    assert "(2 calls/step)" in capsys.readouterr().out  # the tiny models' 2 layers, once per decode step
+
+
+def test_profile_kernels_mode_times_reference_and_engine_kernels():
+    times = load("families_profile").main(["--kernels", "--batch", "8"])["kernels"]
+    assert set(times) == {"experts grouped_mm", "experts eager", "experts engine", "delta rule transformers",
+                          "delta rule engine"}
+    assert all(0 < ms < 10_000 for ms in times.values())

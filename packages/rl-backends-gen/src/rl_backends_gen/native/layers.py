@@ -3,8 +3,9 @@
 Softmax attention (full or sliding-window, with or without sinks) runs the model's own attention
 modules through the ``"rl_native"`` attention function. Multi-head latent attention and the
 recurrent mixers get an engine ``forward`` on the engine's own model instance (``latent.py``,
-``recurrent.py``). Anything else is refused when the engine is built, naming the family, the layer
-and what to use instead, rather than computed wrongly.
+``recurrent.py``); on CPU, experts modules get the engine's dispatch (``moe.py``). Anything else is
+refused when the engine is built, naming the family, the layer and what to use instead, rather than
+computed wrongly.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rl_backends_gen.native import latent, recurrent
+from rl_backends_gen.native import latent, moe, recurrent
 from rl_backends_gen.native.cache import AttentionKV, LatentKV, LayerCache, RecurrentState
 
 # Mixer classes whose transformers forward the engine re-implements (verified against transformers 5.19).
@@ -33,6 +34,8 @@ def build_layer_caches(model: nn.Module, rows: int, max_seq_len: int, dtype: tor
     for feature in ("attn_logit_softcapping", "final_logit_softcapping"):
         if getattr(config, feature, None):
             raise NotImplementedError(f"NativeEngine does not implement {feature} ({family}); {ELSEWHERE}")
+    if device.type == "cpu":  # the engine's expert dispatch (moe.py); on CUDA transformers' grouped_mm kernel
+        moe.install(model)
     caches: list[LayerCache | None] = []
     for index, layer in enumerate(model.get_decoder().layers):
         mixer, layer_type = token_mixer(config, index, layer)

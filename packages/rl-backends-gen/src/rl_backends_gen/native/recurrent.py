@@ -9,8 +9,9 @@ engine keeps, per row, the convolution's last ``kernel - 1`` inputs and the recu
   ``g = 0`` and write strength ``beta = 0``; Mamba-2: step ``dt = 0``), and the convolution state is
   gathered at each row's own last inputs. After a shared prefix, the rows start from the prefix's
   state and convolution inputs.
-* decode updates the active rows' states in place, one token at a time (transformers' single-step
-  recurrence kernels; the convolution as one dot product per channel): O(1) per token.
+* decode updates the active rows' states in place, one token at a time (the gated delta rule and
+  Mamba-2's scan as a few in-place batched products, ``recurrent_steps.py``; the convolution as one
+  dot product per channel): O(1) per token.
 
 ``install(module)`` replaces the mixer's ``forward`` on the engine's own model instance (its
 parameters, names and weight updates are untouched); the kernels are the functions of the module's
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
+from rl_backends_gen.native import recurrent_steps
 from rl_backends_gen.native.cache import RecurrentState
 from rl_backends_gen.native.steps import DecodeStep
 
@@ -81,17 +83,14 @@ def gated_delta_net_forward(self, hidden_states, cache_params=None, attention_ma
     if self.num_v_heads // self.num_k_heads > 1:
         query = query.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=2)
         key = key.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=2)
-    rule = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
     if isinstance(rl_step, DecodeStep):
-        state = layer["state"][:batch]  # [R, v_heads, k_dim, v_dim]
-        out, new_state = kernels.torch_recurrent_gated_delta_rule(query, key, value, g=g, beta=beta,
-                                                                  initial_state=state, **rule)
-        state.copy_(new_state)
+        out = recurrent_steps.gated_delta_step(query, key, value, g, beta, layer["state"][:batch])  # state in place
     else:
         real = rl_step.real_tokens()[..., None]  # padding: no decay, no write
         initial = layer["state"][rl_step.first_slot_of_row] if rl_step.start else None
         out, final = kernels.torch_chunk_gated_delta_rule(query, key, value, g=g * real, beta=beta * real,
-                                                          initial_state=initial, **rule)
+                                                          initial_state=initial, output_final_state=True,
+                                                          use_qk_l2norm_in_kernel=True)
         layer["state"][rl_step.slots] = final[rl_step.row_of_slot].to(layer["state"].dtype)
     z = self.in_proj_z(hidden_states)
     out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
@@ -114,14 +113,10 @@ def mamba2_forward(self, hidden_states, cache_params=None, attention_mask=None, 
     a = -torch.exp(self.A_log.float())  # [H]
     dt = F.softplus(dt + self.dt_bias.to(dt.dtype)).clamp(*self.time_step_limit)  # [B, q, H]
     if isinstance(rl_step, DecodeStep):
-        out = kernels.mamba2_selective_state_update(
+        out = recurrent_steps.mamba2_step(
+            x.view(batch, heads, head_dim), dt[:, 0], a, b.view(batch, groups, state_size),
+            c.view(batch, groups, state_size), self.D,
             layer["state"][:batch],  # [R, H, head_dim, state_size], updated in place
-            x.view(batch, heads, head_dim),
-            dt[:, 0, :, None].expand(-1, -1, head_dim),
-            a[:, None, None].expand(-1, head_dim, state_size),
-            b.view(batch, groups, state_size),
-            c.view(batch, groups, state_size),
-            self.D[:, None].expand(-1, head_dim),
         ).view(batch, 1, -1)
     else:
         initial = layer["state"][rl_step.first_slot_of_row] if rl_step.start else None

@@ -1,0 +1,72 @@
+"""Single-token updates of the recurrent mixers' states at decode, in place on the engine's cache:
+Qwen3.5's gated delta rule and Nemotron-H's Mamba-2 selective scan.
+
+transformers' single-step references compute them as broadcast products and sums, each of which
+allocates and reads a state-sized tensor; at batch 64 the state is ~8 MB a layer, so these passes,
+not the arithmetic, are the step's cost. Here each update scales the state in place, adds an in-place
+batched outer product and reads it with a batched matrix-vector product.
+
+Gated delta rule. Per row and value head, with the state ``S`` [Dk, Dv], the token's query / key ``q``, ``k`` [Dk]
+(L2-normalised, ``q`` scaled by ``Dk ** -0.5``), value ``v`` [Dv], decay ``g`` and write strength
+``beta``::
+
+    S <- exp(g) * S;   delta = beta * (v - k @ S);   S <- S + outer(k, delta);   out = q @ S
+
+transformers' ``torch_recurrent_gated_delta_rule`` computes the same as broadcast products and sums,
+each of which allocates and reads a state-sized tensor (about 14 passes over the ``[B, H, Dk, Dv]``
+state per layer, plus the engine's copy back into its cache). Here the state is scaled in place,
+read by two batched matrix-vector products and updated by one in-place batched outer product: 6
+passes, no state-sized allocation.
+
+Mamba-2. Per row and head, with the state ``S`` [head_dim, N], step ``dt``, decay rate ``A``, the
+head's input ``x`` [head_dim] and its group's ``B``, ``C`` [N]::
+
+    S <- exp(dt * A) * S + outer(x, dt * B);   out = S @ C + D * x
+
+(transformers' ``mamba2_selective_state_update`` in the same order; in bfloat16 it rounds
+``dt * B * x`` to bfloat16 before adding it to the float32 state, here it stays float32.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def gated_delta_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
+                     beta: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """One token of the gated delta rule for ``B`` rows, updating ``state`` in place.
+
+    ``query`` / ``key`` [B, 1, H, Dk] (before the L2 norm), ``value`` [B, 1, H, Dv], ``g`` / ``beta``
+    [B, 1, H], ``state`` [B, H, Dk, Dv] float32 (contiguous). Returns the output [B, 1, H, Dv] in
+    ``query``'s dtype."""
+    batch, _, heads, k_dim = key.shape
+    v_dim, dtype = value.shape[-1], query.dtype
+    query, key, value = (x[:, 0].float() for x in (query, key, value))  # [B, H, D]
+    query = query * torch.rsqrt((query * query).sum(-1, keepdim=True) + 1e-6) / k_dim ** 0.5
+    key = key * torch.rsqrt((key * key).sum(-1, keepdim=True) + 1e-6)
+    flat = state.view(batch * heads, k_dim, v_dim)
+    flat.mul_(g[:, 0].float().exp().reshape(-1, 1, 1))
+    keys = key.reshape(batch * heads, 1, k_dim)
+    remembered = torch.bmm(keys, flat)  # [B * H, 1, Dv]: k @ S
+    delta = (value.reshape(batch * heads, 1, v_dim) - remembered) * beta[:, 0].float().reshape(-1, 1, 1)
+    flat.baddbmm_(keys.transpose(1, 2), delta)  # S += outer(k, delta)
+    out = torch.bmm(query.reshape(batch * heads, 1, k_dim), flat)  # [B * H, 1, Dv]
+    return out.view(batch, 1, heads, v_dim).to(dtype)
+
+
+def mamba2_step(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+                d: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """One token of Mamba-2 for ``R`` rows, updating ``state`` in place.
+
+    ``x`` [R, H, head_dim], ``dt`` [R, H] (after softplus and clamp), ``a`` / ``d`` [H], ``b`` / ``c``
+    [R, G, N] (G groups of H // G heads), ``state`` [R, H, head_dim, N] float32 (contiguous). Returns
+    the output [R, H, head_dim] in ``x``'s dtype."""
+    rows, heads, head_dim = x.shape
+    groups, size = b.shape[1:]
+    flat = state.view(rows * heads, head_dim, size)
+    flat.mul_(torch.exp(dt.float() * a.float()).reshape(-1, 1, 1))
+    b, c = (t.repeat_interleave(heads // groups, dim=1) for t in (b, c))  # [R, H, N]: each head's group
+    written = (dt[..., None] * b).float().reshape(-1, 1, size)  # dt * B, [R * H, 1, N]
+    flat.baddbmm_(x.float().reshape(-1, head_dim, 1), written)  # S += outer(x, dt * B)
+    out = torch.bmm(flat, c.float().reshape(-1, size, 1)).view(rows, heads, head_dim)  # S @ C
+    return (out + x * d[:, None]).to(x.dtype)

@@ -1,0 +1,145 @@
+"""The engine's own paths for the layers it used to take from transformers: the expert dispatch
+(``native/moe.py``) and the single-token updates of the gated delta rule and Mamba-2
+(``native/recurrent_steps.py``), each exact (fp32) to transformers' reference and used by the engine."""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import pytest
+import torch
+
+from rl_backends_gen.native import NativeEngine, layers, moe, recurrent_steps
+from rl_core.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rl_core.types import SamplingParams
+
+# Every family of rl_core.models.tiny.FAMILIES whose MoE block is a transformers experts module.
+EXPERTS = ["glm4_moe_lite", "gpt_oss", "mixtral", "nemotron_h", "qwen3_5_moe_text", "qwen3_moe"]
+
+
+def experts_modules(model) -> list[torch.nn.Module]:
+    return [m for m in model.modules() if moe._is_experts(m)]
+
+
+@pytest.mark.parametrize("family", EXPERTS)
+def test_expert_dispatch_equals_transformers_eager_experts(family):
+    """Random tokens routed to random experts (some hit by no token, others by many; k of each token
+    distinct), random routing weights: the engine's forward equals the module's eager forward."""
+    model = build_tiny_model(build_tiny_tokenizer(), family=family)
+    reference = experts_modules(model)[0]
+    with torch.no_grad():  # the tiny models leave some expert weights at 0: give every one values
+        for weight in reference.parameters():
+            weight.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(1))
+    ours = copy.deepcopy(reference)
+    assert moe.install(ours) == 1
+    gen = torch.Generator().manual_seed(0)
+    experts, k = reference.num_experts, 2
+    tokens = 13
+    hidden = torch.randn(tokens, reference.down_proj.shape[2 if reference.is_transposed else 1], generator=gen)
+    used = torch.arange(experts - 1)  # the last expert: no token at all
+    index = torch.stack([used[torch.randperm(len(used), generator=gen)[:k]] for _ in range(tokens)])
+    weights = torch.rand(tokens, k, generator=gen)
+    with torch.no_grad():
+        want = type(reference).forward.__wrapped__(reference, hidden, index, weights)  # the eager loop
+        got = ours(hidden, index, weights)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+    assert want.abs().max().item() > 0.1  # a real comparison, not of zeros
+    for name, weight in reference.named_parameters():  # same values, only the memory layout differs
+        assert torch.equal(getattr(ours, name), weight), name
+
+
+def test_refit_keeps_the_relaid_expert_weights(tmp_path):
+    """``update_weights`` copies into the relaid parameters in place: the engine then computes with the
+    new values (the experts' output changes to the new module's)."""
+    from rl_core.models import save_tiny_model
+
+    path = str(save_tiny_model(tmp_path, family="qwen3_moe"))
+    engine = NativeEngine(path, max_batch_size=2, max_seq_len=32)
+    ours = experts_modules(engine.model)[0]
+    assert ours.forward.__func__ is moe.experts_forward
+    assert ours.gate_up_proj.transpose(1, 2).is_contiguous()  # [E, in, out] in memory
+    fresh = copy.deepcopy(ours)
+    with torch.no_grad():
+        fresh.gate_up_proj.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(2))
+    engine.update_weights([("model.layers.0.mlp.experts.gate_up_proj", fresh.gate_up_proj.detach().clone())])
+    hidden, index, weights = torch.randn(5, ours.down_proj.shape[1]), torch.tensor([[0, 1]] * 5), torch.ones(5, 2)
+    with torch.no_grad():
+        want = type(fresh).forward.__wrapped__(fresh, hidden, index, weights)
+        assert (ours(hidden, index, weights) - want).abs().max().item() <= 1e-5
+    assert ours.gate_up_proj.transpose(1, 2).is_contiguous()
+
+
+def reference_delta_rule():
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
+
+    return torch_recurrent_gated_delta_rule
+
+
+def test_gated_delta_step_equals_transformers_recurrent_rule_over_several_steps():
+    """5 rows, 4 heads, key dim 8 / value dim 16, 6 tokens one at a time from a random state: the same
+    outputs and states as transformers' recurrent rule, the state updated in place."""
+    gen = torch.Generator().manual_seed(0)
+    rows, heads, k_dim, v_dim = 5, 4, 8, 16
+    state = torch.randn(rows, heads, k_dim, v_dim, generator=gen)
+    theirs, ours = state.clone(), state.clone()
+    buffer = ours.data_ptr()
+    for _ in range(6):
+        query, key = (torch.randn(rows, 1, heads, k_dim, generator=gen) for _ in range(2))
+        value = torch.randn(rows, 1, heads, v_dim, generator=gen)
+        g, beta = -torch.rand(rows, 1, heads, generator=gen) * 2, torch.rand(rows, 1, heads, generator=gen)
+        want, theirs = reference_delta_rule()(query, key, value, g=g, beta=beta, initial_state=theirs,
+                                              output_final_state=True, use_qk_l2norm_in_kernel=True)
+        got = recurrent_steps.gated_delta_step(query, key, value, g, beta, ours)
+        assert got.shape == want.shape == (rows, 1, heads, v_dim)
+        assert (got - want).abs().max().item() <= 1e-5
+        assert (ours - theirs).abs().max().item() <= 1e-5
+    assert ours.data_ptr() == buffer and ours.abs().max().item() > 0.1
+
+
+def test_mamba2_step_equals_transformers_selective_state_update_over_several_steps():
+    """5 rows, 4 heads of dim 6 in 2 groups, state size 8, 6 tokens from a random state: the same outputs
+    and states as transformers' single-step Mamba-2 update (given the engine's clamped step)."""
+    from transformers.models.nemotron_h.modeling_nemotron_h import mamba2_selective_state_update
+
+    gen = torch.Generator().manual_seed(0)
+    rows, heads, head_dim, groups, size = 5, 4, 6, 2, 8
+    state = torch.randn(rows, heads, head_dim, size, generator=gen)
+    theirs, ours = state.clone(), state.clone()
+    a, d = -torch.rand(heads, generator=gen) * 3, torch.randn(heads, generator=gen)
+    for _ in range(6):
+        x = torch.randn(rows, heads, head_dim, generator=gen)
+        dt = torch.rand(rows, heads, generator=gen)
+        b, c = (torch.randn(rows, groups, size, generator=gen) for _ in range(2))
+        want = mamba2_selective_state_update(theirs, x, dt[..., None].expand(-1, -1, head_dim),
+                                             a[:, None, None].expand(-1, head_dim, size), b, c,
+                                             d[:, None].expand(-1, head_dim))
+        got = recurrent_steps.mamba2_step(x, dt, a, b, c, d, ours)
+        assert got.shape == want.shape == (rows, heads, head_dim)
+        assert (got - want).abs().max().item() <= 1e-5
+        assert (ours - theirs).abs().max().item() <= 1e-5
+    assert ours.abs().max().item() > 0.1
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_5_moe_text", "qwen3_moe", "nemotron_h"])
+def test_the_engine_decodes_through_its_own_paths(family, tiny_family_dir, tiny_prompts, monkeypatch):
+    """Prompts of mixed lengths (40, 1, 27, 4, 7 tokens), several decode steps: every decode step of a
+    gated delta-net / Mamba-2 layer runs the engine's update (never transformers' single-step one),
+    and every experts module runs the engine's dispatch."""
+    calls = []
+    for name in ("gated_delta_step", "mamba2_step"):
+        step = getattr(recurrent_steps, name)
+        monkeypatch.setattr(recurrent_steps, name, lambda *a, step=step: calls.append(a[0].shape[0]) or step(*a))
+    engine = NativeEngine(tiny_family_dir(family), max_batch_size=8, max_seq_len=64)
+    recurrent_kinds = layers.GATED_DELTA_NETS | layers.MAMBA2_MIXERS
+    mixers = [m for m in engine.model.modules() if type(m).__name__ in recurrent_kinds]
+    for module in {sys.modules[type(m).__module__] for m in mixers}:  # transformers' single-step updates
+        monkeypatch.setattr(module, "torch_recurrent_gated_delta_rule", None, raising=False)  # raise if called
+        monkeypatch.setattr(module, "mamba2_selective_state_update", None, raising=False)
+    engine.generate(tiny_prompts, SamplingParams(max_new_tokens=6, temperature=0.0))
+    assert len(calls) % max(len(mixers), 1) == 0 and (len(calls) >= len(mixers) > 0 or not mixers)
+    assert max(calls, default=0) == (len(tiny_prompts) if mixers else 0)  # all rows in one step
+    experts = experts_modules(engine.model)
+    assert all(m.forward.__func__ is moe.experts_forward for m in experts)
+    assert bool(experts) == (family != "qwen3_5_text")
