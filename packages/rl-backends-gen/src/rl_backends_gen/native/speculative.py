@@ -2,19 +2,28 @@
 
 One decode step of a speculative generate call::
 
-    proposals = proposer.propose(rows, k)            # n-gram lookup, or k forwards of a draft model
-    logits    = target forward of [last token, proposals] at each row's next positions   # [R, 1 + k, V]
-    emitted   = verify(logits, proposals)            # accepted prefix + one residual / bonus token
-    cut each row at a stop token / stop string / its length limit; record; finished rows leave
+    if active rows x (k + 1) > max_batch_rows:       # wide: a verify forward would be compute bound
+        a plain step                                 # (an own-cache draft still reads the last tokens)
+    else:
+        proposals = proposer.propose(rows, k)        # n-gram lookup, or k forwards of a draft model
+        logits    = target forward of [last token, proposals] at each row's next positions   # [R, 1 + k, V]
+        emitted   = verify(logits, proposals)        # accepted prefix + one correction / bonus token
+        cut each row at a stop token / stop string / its length limit; record; finished rows leave
+
+Adaptive: on the CPU (and on a GPU at small batch) a decode step of few rows is bound by reading the
+weights, so a (k + 1)-query verify costs little more than a plain step; with many rows it is bound by
+compute and costs up to k + 1 plain steps. An RL rollout starts wide (every sample decoding) and ends
+with a long tail of few long rows: the tail speculates, the wide phase runs plain steps (as vLLM and
+SGLang disable speculation above a batch size). Switching is invisible in the output: verification
+emits exactly the plain sampler's tokens (``verify.py``).
 
 Rows accept different numbers of tokens. Rollback is free for every cache of the target and the draft:
 a row's entries past its new length are never read (the per-row mask) and are overwritten when the row
 gets there. Recurrent layers (whose state is the whole history) are refused. Admission, prefill,
 continuous batching, stop handling and the Completion records are the plain engine's.
 
-Randomness: token index t of a sample uses the plain engine's uniform ``u[t]`` for a residual / bonus
-draw and two more of its own stream for the acceptance test and the draft's draw, so a sample depends
-only on its seed and the logits, never on the batch.
+Randomness: token index t of a sample uses the plain engine's uniform ``u[t]``, so a sample depends only
+on its seed and the logits, never on the batch or on which steps speculated.
 """
 
 from __future__ import annotations
@@ -28,9 +37,8 @@ from rl_backends_gen.config import SpeculativeConfig
 from rl_backends_gen.native.call import GenerateCall
 from rl_backends_gen.native.proposers import DraftProposer, NgramProposer, build_draft, refuse_recurrent
 from rl_backends_gen.native.rows import ActiveRows
-from rl_backends_gen.native.sampling import draw_uniforms, sample_seed
 from rl_backends_gen.native.steps import DecodeStep
-from rl_backends_gen.native.verify import verify_greedy, verify_sampled
+from rl_backends_gen.native.verify import verify
 
 
 @dataclass
@@ -38,6 +46,7 @@ class SpeculativeStats:
     """Counters of speculative steps (since the last ``pop_metrics``; ``last_call``: one generate call)."""
 
     verify_steps: int = 0
+    plain_steps: int = 0  # steps that did not speculate: too many active rows (max_batch_rows)
     row_steps: int = 0  # (row, step) pairs verified
     drafted_row_steps: int = 0  # of which had at least one proposal
     proposed_tokens: int = 0
@@ -53,12 +62,14 @@ class SpeculativeStats:
     def metrics(self) -> dict[str, float]:
         """``acceptance_rate``: accepted / proposed tokens; ``mean_accepted_length``: proposals accepted per
         row and step that proposed any (0 .. num_tokens); ``tokens_per_row_step``: tokens a row emits per
-        verify forward (plain decoding: 1); ``draft_time_share``: time proposing / generate time."""
+        verify forward (plain decoding: 1); ``draft_time_share``: time proposing / generate time;
+        ``speculative_step_share``: decode steps that speculated / all decode steps."""
         return {
             "acceptance_rate": self.accepted_tokens / max(self.proposed_tokens, 1),
             "mean_accepted_length": self.accepted_tokens / max(self.drafted_row_steps, 1),
             "tokens_per_row_step": self.emitted_tokens / max(self.row_steps, 1),
             "draft_time_share": self.draft_seconds / max(self.total_seconds, 1e-9),
+            "speculative_step_share": self.verify_steps / max(self.verify_steps + self.plain_steps, 1),
             "proposed_tokens": float(self.proposed_tokens),
             "accepted_tokens": float(self.accepted_tokens),
         }
@@ -71,6 +82,7 @@ class Speculator:
         refuse_recurrent(engine.cache.layers, f"{engine.model.config.model_type}")
         self.cfg = cfg
         self.num_tokens = cfg.num_tokens
+        self.max_batch_rows = cfg.max_batch_rows
         if cfg.method == "ngram":
             self.proposer: NgramProposer | DraftProposer = NgramProposer(cfg.ngram.min_n, cfg.ngram.max_n)
         else:
@@ -82,7 +94,7 @@ class Speculator:
             self.trainer = DraftTrainer(engine, self.proposer, cfg.draft_lr, cfg.draft_steps, cfg.draft_top_k)
         self.stats = SpeculativeStats()  # since the last pop_metrics
         self.last_call = SpeculativeStats()
-        self._logits = self._probs = None  # [max_rows x (k + 1), V] float32, made on first use
+        self._logits = self._work = None  # [max_rows x (k + 1), V] float32, made on first use
 
     def call(self, engine, prompts, sampling) -> SpeculativeCall:
         return SpeculativeCall(engine, prompts, sampling, self)
@@ -97,14 +109,14 @@ class Speculator:
         if self._logits is None:
             shape = (engine.max_batch_size * (self.num_tokens + 1), engine.head.weight.shape[0])
             self._logits = torch.empty(shape, dtype=torch.float32, device=engine.device)
-            self._probs = torch.empty_like(self._logits)
+            self._work = torch.empty_like(self._logits)
         out = self._logits[: hidden.shape[0]]
         return out.copy_(engine.head(hidden))
 
     def free(self) -> None:
         for cache in self.proposer.caches:
             cache.free()
-        self._logits = self._probs = None
+        self._logits = self._work = None
 
     def allocate(self) -> None:
         for cache in self.proposer.caches:
@@ -118,12 +130,10 @@ class SpeculativeRows(ActiveRows):
     def __init__(self, max_rows: int, max_new_tokens: int, device: torch.device, followers: list):
         super().__init__(max_rows, max_new_tokens, device)
         self.prompt_last = torch.zeros(max_rows, dtype=torch.long, device=device)  # the token before the first
-        # Per token index: [acceptance test, draft draw] uniforms (the residual / bonus draw uses ``uniforms``).
-        self.spec_uniforms = torch.zeros(max_rows, max_new_tokens, 2, dtype=torch.float64, device=device)
         self.followers = followers
 
     def compact(self, finished, cache) -> None:
-        super().compact(finished, _MovedTogether([cache, *self.followers], [self.prompt_last, self.spec_uniforms]))
+        super().compact(finished, _MovedTogether([cache, *self.followers], [self.prompt_last]))
 
 
 class _MovedTogether:
@@ -163,10 +173,6 @@ class SpeculativeCall(GenerateCall):
     def _init_row(self, slot: int, prompt_index: int, sample_index: int) -> None:
         super()._init_row(slot, prompt_index, sample_index)
         self.rows.prompt_last[slot] = self.prompts[prompt_index][-1]
-        if not self.sampling.greedy:
-            seed = sample_seed(sample_seed(self.base_seed, prompt_index, sample_index), 1, 0)
-            steps = self.sampling.max_new_tokens
-            self.rows.spec_uniforms[slot] = draw_uniforms(seed, 2 * steps).view(steps, 2).to(self.device)
 
     def _prefill(self, prompt_indices: list[int], slots_of_prompt: dict[int, list[int]]) -> None:
         super()._prefill(prompt_indices, slots_of_prompt)
@@ -177,36 +183,34 @@ class SpeculativeCall(GenerateCall):
     def _decode_step(self) -> None:
         rows, count, engine = self.rows, self.rows.count, self.engine
         position = rows.position[:count]
-        budget = rows.limit[:count] - rows.num_generated[:count]  # tokens each row may still emit, >= 1
         # Every query of the step must fit in the cache: the last one sits at position + k.
         k = min(self.speculator.num_tokens, self.cache.max_seq_len - 1 - int(position.max()))
+        if k <= 0 or count * (k + 1) > self.speculator.max_batch_rows:
+            return self._plain_step()
         start = time.perf_counter()
-        proposals = self.proposer.propose(self, k) if k > 0 else None
+        proposals = self.proposer.propose(self, k)
         self.stats.draft_seconds += time.perf_counter() - start
-        if proposals is None:
-            tokens = torch.zeros(count, 0, dtype=torch.long, device=self.device)
-            counts = torch.zeros(count, dtype=torch.long, device=self.device)
-            draft_probs = None
-        else:  # the emitted token after the proposals needs room too
-            tokens, counts, draft_probs = proposals.tokens, torch.minimum(proposals.counts, budget - 1), proposals.probs
+        budget = rows.limit[:count] - rows.num_generated[:count]  # tokens each row may still emit, >= 1
+        counts = torch.minimum(proposals.counts, budget - 1)  # the emitted token after the proposals needs room too
         queries = 1 + int(counts.max())
-        tokens = tokens[:, : queries - 1]
+        tokens = proposals.tokens[:, : queries - 1]
         input_ids = torch.cat([rows.last_token[:count, None], tokens], dim=1)  # [R, q]
-        positions = position[:, None] + torch.arange(queries, device=self.device)  # [R, q]
-        step = DecodeStep(self.cache, positions)
-        hidden = engine._forward(input_ids, positions, step)  # [R, q, hidden]
+        offsets = torch.arange(queries, device=self.device)
+        positions = position[:, None] + offsets  # [R, q]
+        hidden = engine._forward(input_ids, positions, DecodeStep(self.cache, positions))  # [R, q, hidden]
         logits = self.speculator.logits(engine, hidden.reshape(count * queries, -1)).view(count, queries, -1)
-        if self.sampling.greedy:
-            verified = verify_greedy(logits, tokens, counts)
-        else:
-            index = (rows.num_generated[:count, None] + torch.arange(queries, device=self.device)).clamp(
-                max=rows.uniforms.shape[1] - 1)  # [R, q] the token indices this step may emit
-            arange = torch.arange(count, device=self.device)[:, None]
-            verified = verify_sampled(logits, tokens, counts, None if draft_probs is None else draft_probs[: queries - 1],
-                                      self.sampling, rows.spec_uniforms[arange, index[:, : queries - 1], 0],
-                                      rows.uniforms[arange, index], self.speculator._probs)
+        index = (rows.num_generated[:count, None] + offsets).clamp(max=rows.uniforms.shape[1] - 1)  # [R, q]
+        uniforms = rows.uniforms[torch.arange(count, device=self.device)[:, None], index]
+        verified = verify(logits, tokens, counts, self.sampling, uniforms, self.speculator._work)
         self._count(counts, verified.accepted)
         self._emit(verified.tokens, verified.logprobs, verified.accepted + 1)
+
+    def _plain_step(self) -> None:
+        start = time.perf_counter()
+        self.proposer.observe(self)
+        self.stats.draft_seconds += time.perf_counter() - start
+        self.stats.plain_steps += 1
+        super()._decode_step()
 
     def _count(self, counts: torch.Tensor, accepted: torch.Tensor) -> None:
         stats = self.stats
