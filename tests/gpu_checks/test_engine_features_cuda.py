@@ -1,5 +1,5 @@
 """The native engine's newer paths on CUDA (skipped without a GPU; scripts/gpu_check.sh runs them): every model
-family of ``rl_core.models.tiny`` against HF on the same GPU, speculative decoding, prompts with images, and
+family of ``rl_core.models.tiny`` against HF on the same GPU, speculative decoding and its online draft, prompts with images, and
 the MoE routing record. The CPU tests of each feature hold the same claims at fp32 on the CPU."""
 
 from __future__ import annotations
@@ -98,4 +98,32 @@ def test_moe_routing_record_is_a_plain_forwards_experts_on_the_gpu(tiny_family_d
                 model(input_ids=torch.tensor([ran], device=DEVICE))
             expected = torch.stack(chosen, dim=1).sort(-1).values.cpu()
             assert torch.equal(completion.routed_experts.long().sort(-1).values, expected)
+    engine.shutdown()
+
+
+def test_online_draft_trains_on_the_gpu_and_greedy_stays_plain(tiny_model_dir, tiny_prompts):
+    """generation.speculative.train_draft on CUDA: the draft's own layers train (its loss falls), the policy's
+    weights do not move, and speculative greedy is still plain greedy."""
+    from rl_algorithms.draft import train_draft
+
+    spec = SpeculativeConfig(method="draft", num_tokens=3, draft_model="policy_layers:1", train_draft=True,
+                             draft_lr=3e-3, draft_steps=4, draft_top_k=512)
+    engine = NativeEngine(tiny_model_dir, device=DEVICE, max_batch_size=4, max_seq_len=128, speculative=spec)
+    policy_before = [p.detach().clone() for p in engine.model.parameters()]
+    results = engine.generate(tiny_prompts, SamplingParams(max_new_tokens=16, temperature=1.0, n=2, seed=1))
+    rows = [p + c.token_ids for p, samples in zip(tiny_prompts, results) for c in samples]
+    length = max(map(len, rows))
+    batch = {"input_ids": torch.zeros(len(rows), length, dtype=torch.long),
+             "attention_mask": torch.zeros(len(rows), length, dtype=torch.long), "loss_mask": torch.zeros(len(rows), length)}
+    for row, (prompt, samples) in enumerate((p, c) for p, s in zip(tiny_prompts, results) for c in s):
+        full = prompt + samples.token_ids
+        batch["input_ids"][row, : len(full)] = torch.tensor(full)
+        batch["attention_mask"][row, : len(full)] = 1
+        batch["loss_mask"][row, len(prompt): len(full)] = 1.0
+    metrics = train_draft(engine, batch)
+    assert metrics["draft/distill_loss_last"] < metrics["draft/distill_loss"]
+    assert all(torch.equal(a, b) for a, b in zip(policy_before, engine.model.parameters()))
+    plain = NativeEngine(tiny_model_dir, device=DEVICE, max_batch_size=4, max_seq_len=128)
+    assert tokens(engine.generate(tiny_prompts, GREEDY)) == tokens(plain.generate(tiny_prompts, GREEDY))
+    plain.shutdown()
     engine.shutdown()
