@@ -123,6 +123,10 @@ def test_online_draft_trains_on_the_gpu_and_greedy_stays_plain(tiny_model_dir, t
     metrics = train_draft(engine, batch)
     assert metrics["draft/distill_loss_last"] < metrics["draft/distill_loss"]
     assert all(torch.equal(a, b) for a, b in zip(policy_before, engine.model.parameters()))
+    engine.sleep()  # the draft's own layers and AdamW moments leave the GPU with the policy
+    assert all(p.device.type == "cpu" for p in engine.speculative.trainer.parameters)
+    engine.wake()
+    assert all(p.device.type == "cuda" for p in engine.speculative.trainer.parameters)
     plain = NativeEngine(tiny_model_dir, device=DEVICE, max_batch_size=4, max_seq_len=128)
     assert tokens(engine.generate(tiny_prompts, GREEDY)) == tokens(plain.generate(tiny_prompts, GREEDY))
     plain.shutdown()

@@ -77,6 +77,12 @@ def test_draft_loss_falls_its_parameters_move_and_the_policys_do_not(tiny_model_
     # the shared embeddings and head are the policy's own tensors: a refit moves them for the draft too
     assert engine.speculative.proposer.head is engine.head
     assert engine.speculative.proposer.decoder.get_input_embeddings() is engine.decoder.get_input_embeddings()
+    # sleep / wake on CUDA move the draft's own layers and AdamW moments with the policy (the meta device
+    # stands in for the other device here; AdamW's step counters stay where AdamW keeps them)
+    engine.speculative.move_weights("meta")
+    assert all(p.device.type == "meta" for p in engine.speculative.proposer.decoder.parameters())
+    moments = [v for state in trainer.optimizer.state.values() for k, v in state.items() if k != "step"]
+    assert moments and all(v.device.type == "meta" for v in moments)
 
 
 def test_acceptance_recovers_after_the_policy_moves_and_greedy_stays_exact(tiny_model_dir, prompts):

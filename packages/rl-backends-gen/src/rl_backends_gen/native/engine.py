@@ -156,6 +156,8 @@ class NativeEngine:
             self.speculative.free()
         if self.device.type == "cuda":
             self.model.to("cpu")
+            if self.speculative is not None:
+                self.speculative.move_weights("cpu")
             torch.cuda.empty_cache()
         self.asleep = True
 
@@ -163,6 +165,8 @@ class NativeEngine:
         self._check_alive()
         if self.device.type == "cuda":
             self.model.to(self.device)
+            if self.speculative is not None:
+                self.speculative.move_weights(self.device)
         if not self.cache.allocated:
             self.cache.allocate()
         if self.speculative is not None:

@@ -123,6 +123,19 @@ class Speculator:
             if not cache.allocated:
                 cache.allocate()
 
+    def move_weights(self, device: torch.device | str) -> None:
+        """The engine's sleep / wake on CUDA: the draft's weights (a path's model, or a trained draft's own
+        layers; what it shares with the policy moves with the policy anyway) and its trainer's AdamW moments
+        follow the policy's weights to ``device``. AdamW's step counters stay on the CPU, where it keeps them."""
+        if isinstance(self.proposer, DraftProposer):
+            self.proposer.decoder.to(device)
+            self.proposer.head.to(device)
+        if self.trainer is not None:
+            for state in self.trainer.optimizer.state.values():
+                for key, value in state.items():
+                    if key != "step" and isinstance(value, torch.Tensor):
+                        state[key] = value.to(device)
+
 
 class SpeculativeRows(ActiveRows):
     """The plain rows plus what speculation needs per row; the draft's cache rows move with them."""
