@@ -16,7 +16,8 @@ being trained; that evaluation is timed apart (``train/time/validate``) and left
 report compares, as on our side. TRL samples its own prompt order (its seeded shuffle).
 
 Writes ``<out>/metrics.jsonl`` in `rl grpo`'s format (``train/*`` per step with ``train/time/total``,
-``val/*``, ``test/*``), ``metrics.png`` and ``trl_config.json``. Needs ``pip install trl`` (the ``bench``
+``val/*``, ``test/*``), ``metrics.png`` and ``trl_config.json``. ``grpo.max_minutes`` ends the run as it ends
+`rl grpo`'s: after the step at which the training time (validation left out) reaches the budget. Needs ``pip install trl`` (the ``bench``
 extra of rl-apps).
 """
 
@@ -164,6 +165,7 @@ def train(cfg, out: Path, seed: int) -> None:
             self.started = 0.0
             self.seconds = 0.0
             self.validate_s = 0.0
+            self.trained_s = 0.0  # training time so far, against grpo.max_minutes as on our side
             self.val: dict[str, float] = {}
 
         def on_train_begin(self, args, state, control, model=None, **_):
@@ -175,8 +177,12 @@ def train(cfg, out: Path, seed: int) -> None:
 
         def on_step_end(self, args, state, control, model=None, **_):
             self.seconds = time.perf_counter() - self.started
+            self.trained_s += self.seconds
             step, self.val, self.validate_s = state.global_step, {}, 0.0
-            if val and (step % grpo.val_every == 0 or step == grpo.max_steps):
+            out_of_time = grpo.max_minutes is not None and self.trained_s >= grpo.max_minutes * 60
+            if out_of_time:  # the step that spends the budget is the last, as in rl_algorithms.loop
+                control.should_training_stop = True
+            if val and (step % grpo.val_every == 0 or step == grpo.max_steps or out_of_time):
                 start = time.perf_counter()
                 self.val = grader.held_out(model, tokenizer, val, grpo.max_new_tokens)
                 self.validate_s = time.perf_counter() - start
@@ -198,7 +204,8 @@ def train(cfg, out: Path, seed: int) -> None:
                           processing_class=tokenizer, callbacks=[Curves()])
     try:
         trainer.train()
-        logger.log(grader.held_out(trainer.model, tokenizer, test, grpo.max_new_tokens), grpo.max_steps, prefix="test")
+        logger.log(grader.held_out(trainer.model, tokenizer, test, grpo.max_new_tokens), trainer.state.global_step,
+                   prefix="test")
     finally:
         logger.close()
 

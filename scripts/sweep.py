@@ -1,6 +1,6 @@
 """sweep: one `rl grpo` run per (preset, seed) cell, each in its own output directory, one after another.
 
-    python scripts/sweep.py --out runs/learning/main --presets grpo dapo --seeds 0 1 --set grpo.max_steps=70
+    python scripts/sweep.py --out runs/learning/main --presets grpo dapo --seeds 0 1 --set grpo.max_steps=300 grpo.max_minutes=30
     python scripts/sweep.py --out runs/learning/arith3 --task grpo_arithmetic3_smollm2.yaml --presets dapo
     python scripts/sweep.py --out runs/learning/main --presets trl --seeds 0 1 --set grpo.max_steps=34 --dry-run
 
@@ -169,7 +169,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--task", help="a task recipe built on the main job, e.g. grpo_arithmetic3_smollm2.yaml")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="overrides for every cell (rl grpo's dotted keys; TRL's script reads grpo.max_steps, "
+                        help="overrides for every cell (rl grpo's dotted keys; TRL's script reads grpo.max_steps, grpo.max_minutes, "
                              "grpo.val_every, grpo.val_num_prompts, grpo.test_num_prompts)")
     parser.add_argument("--timeout-min", type=float, help="stop a cell that runs longer than this")
     parser.add_argument("--redo", action="store_true", help="run finished cells again")

@@ -147,7 +147,9 @@ def test_trl_mirror_runs_one_step_in_our_metrics_format(tmp_path):
     pytest.importorskip("trl")
     trl_script = load_script("bench/trl_grpo_arith.py")
     out = tmp_path / "trl-s0"
-    assert trl_script.main(["--out", str(out), "--seed", "0", *TINY, "grpo.max_steps=1"]) == 0
+    # max_steps 3, but the 0.001-minute training budget is spent by the first step: it is the last one
+    # (validated, then the test split), as on our side.
+    assert trl_script.main(["--out", str(out), "--seed", "0", *TINY, "grpo.max_steps=3", "grpo.max_minutes=0.001"]) == 0
     records = read_jsonl_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records if "val/accuracy" in r] == [0, 1]
     train = [r for r in records if "train/time/total" in r]

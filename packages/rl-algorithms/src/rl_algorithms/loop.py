@@ -11,6 +11,7 @@ An algorithm brings only its own step (``train_step(step, timer) -> metrics``, t
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -35,6 +36,10 @@ class LoopConfig(StrictModel):
 
     max_steps: int = Field(100, gt=0)
     """Training steps."""
+    max_minutes: float | None = Field(None, gt=0)
+    """A training-time budget: also stop after the step at which the run's training time (each step's
+    wall time less its validation, summed over the steps before a resume too) reaches this many minutes.
+    That step validates and checkpoints as the last one does. None: only ``max_steps`` ends the run."""
     batch_size: int = Field(8, gt=0)
     """Dataset items (prompts, samples, pairs or texts) per training step."""
     val_every: int = Field(0, ge=0)
@@ -69,8 +74,9 @@ def train_loop(cfg: LoopConfig, policy: TrainingBackend, data: DataPosition, tra
                validate: Validate | None = None, logger: MetricsSink | None = None,
                checkpointer: CheckpointManager | None = None,
                generation: GenerationBackend | None = None) -> list[Metrics]:
-    """Run ``train_step`` for ``cfg.max_steps`` steps; returns every logged step's metrics with full
-    names (``train/...``, ``val/...``, ``step``; the entry of step 0 holds the validation before training).
+    """Run ``train_step`` for ``cfg.max_steps`` steps (fewer when ``cfg.max_minutes`` of training time run
+    out first); returns every logged step's metrics with full names (``train/...``, ``val/...``, ``step``;
+    the entry of step 0 holds the validation before training).
 
     ``generation``: the generation backend that samples with the policy's weights (refitted on resume)."""
     start_step, history = maybe_resume(checkpointer, policy, data, generation, logger)
@@ -78,11 +84,18 @@ def train_loop(cfg: LoopConfig, policy: TrainingBackend, data: DataPosition, tra
     if start_step == 0 and validating and cfg.val_at_start:
         history.append(record(logger, {}, validate(0), 0))
 
+    budget_s = None if cfg.max_minutes is None else cfg.max_minutes * 60
+    trained_s = sum(training_seconds(m) for m in history)
     for step in range(start_step, cfg.max_steps):
+        if budget_s is not None and trained_s >= budget_s:  # a resumed run whose budget was spent
+            break
         timer = Timer()
+        started = time.perf_counter()
         metrics = train_step(step, timer)
+        trained_s += time.perf_counter() - started
         done = step + 1
-        last = done == cfg.max_steps
+        out_of_time = budget_s is not None and trained_s >= budget_s
+        last = done == cfg.max_steps or out_of_time
         val_metrics: Metrics = {}
         if validating and (done % cfg.val_every == 0 or last):
             with timer.time("validate"):
@@ -91,7 +104,20 @@ def train_loop(cfg: LoopConfig, policy: TrainingBackend, data: DataPosition, tra
         metrics.update(timer.pop())
         history.append(record(logger, metrics, val_metrics, done))
         maybe_checkpoint(checkpointer, done, last, policy, data, history)
+        if out_of_time:
+            log.info("training time %.1f min reached max_minutes=%s after step %d", trained_s / 60, cfg.max_minutes, done)
+            break
     return history
+
+
+def training_seconds(metrics: Metrics) -> float:
+    """One logged step's training time: its wall time less its validation (0 for the entry of step 0)."""
+    return metrics.get("train/time/total", 0.0) - metrics.get("train/time/validate", 0.0)
+
+
+def last_step(history: list[Metrics]) -> int:
+    """The number of the last step in ``history`` (0 when no step ran)."""
+    return int(history[-1]["step"]) if history else 0
 
 
 def maybe_resume(checkpointer: CheckpointManager | None, policy: TrainingBackend, data: DataPosition,

@@ -27,7 +27,7 @@ from rl_algorithms.grpo.config import GRPOConfig, LossConfig
 from rl_algorithms.grpo.data import PromptStream
 from rl_algorithms.grpo.rewards import compute_rewards_and_advantages
 from rl_algorithms.grpo.rollouts import generate_rollouts
-from rl_algorithms.loop import Metrics, MetricsSink, Validate, refit, train_loop
+from rl_algorithms.loop import Metrics, MetricsSink, Validate, last_step, refit, train_loop
 from rl_algorithms.losses import loss_token_mask, mismatch_metrics, with_positive_token_count
 from rl_algorithms.rollout.env_runner import StepRunner
 from rl_core.batch import Batch, batch_size, select
@@ -52,7 +52,7 @@ def grpo_train(
     env_runner: StepRunner | None = None,
     test_fn: Validate | None = None,
 ) -> list[Metrics]:
-    """Train ``policy`` with GRPO for ``cfg.max_steps`` steps (the skeleton is :func:`rl_algorithms.loop.train_loop`).
+    """Train ``policy`` with GRPO for ``cfg.max_steps`` steps or ``cfg.max_minutes`` of training (the skeleton is :func:`rl_algorithms.loop.train_loop`).
 
     Environments run in ``env_runner`` for the whole run (the caller shuts it down); without one,
     each step builds its own from ``cfg.env_runner`` (for Ray actors, pass one: they take seconds to start).
@@ -74,10 +74,11 @@ def grpo_train(
     history = train_loop(cfg, policy, prompts, train_step, validate=validate_fn, logger=logger,
                          checkpointer=checkpointer, generation=generation)
     if test_fn is not None:
-        test_metrics = test_fn(cfg.max_steps)
+        final = last_step(history)
+        test_metrics = test_fn(final)
         if logger is not None:
-            logger.log(test_metrics, cfg.max_steps, prefix="test")
-        history.append({**{f"test/{k}": float(v) for k, v in test_metrics.items()}, "step": float(cfg.max_steps)})
+            logger.log(test_metrics, final, prefix="test")
+        history.append({**{f"test/{k}": float(v) for k, v in test_metrics.items()}, "step": float(final)})
     return history
 
 
