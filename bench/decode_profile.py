@@ -67,10 +67,12 @@ def main(argv: list[str] | None = None) -> int:
                 logits = engine.head(flat).float()
                 work = torch.empty_like(logits)
                 uniforms = torch.rand(rows * queries, dtype=torch.float64)
-                forward = timed(lambda: engine._forward(ids, positions, DecodeStep(engine.cache, positions)),
+                forward = timed(lambda ids=ids, positions=positions: engine._forward(ids, positions,
+                                                                                     DecodeStep(engine.cache, positions)),
                                 args.repeats)
-                head = timed(lambda: engine.head(flat).float(), args.repeats)
-                sample = timed(lambda: sample_tokens(logits, sampling, uniforms, work), args.repeats)
+                head = timed(lambda flat=flat: engine.head(flat).float(), args.repeats)
+                sample = timed(lambda logits=logits, uniforms=uniforms, work=work: sample_tokens(logits, sampling, uniforms, work),
+                               args.repeats)
                 step = forward + head + sample
                 base = base or step
                 print(f"{rows:4d} {queries:2d} {forward * 1e3:10.2f} {head * 1e3:7.2f} {sample * 1e3:9.2f} "

@@ -195,6 +195,23 @@ def test_switching_between_plain_and_speculative_steps_mid_call(method, tiny_mod
     assert engine.speculative.proposer.caches == ([engine.speculative.proposer.cache] if method == "draft-path" else [])
 
 
+def test_a_draft_with_the_targets_distribution_is_accepted_at_temperature_1(tiny_model_dir, plain, prompts):
+    """Coupled draws: the draft samples its proposals with the rows' own uniforms, so a draft whose
+    distribution is the target's (here the target itself, from its path) proposes the target's own tokens
+    at T = 1. (An argmax proposal would be accepted with p(argmax) only: rarely, on this flat random model.)"""
+    spec = SpeculativeConfig(method="draft", num_tokens=3, draft_model=str(tiny_model_dir), max_batch_rows=4096)
+    engine = NativeEngine(tiny_model_dir, max_batch_size=4, max_seq_len=128, speculative=spec)
+    sampling = SamplingParams(max_new_tokens=24, temperature=1.0, n=2, seed=3)
+    got = engine.generate(prompts, sampling)
+    assert tokens(got) == tokens(plain.generate(prompts, sampling))
+    stats = engine.speculative.last_call
+    assert stats.proposed_tokens > 50 and stats.accepted_tokens >= 0.95 * stats.proposed_tokens
+    # and with top-k / top-p, which the draft's draw applies as the target's does
+    engine.generate(prompts, dataclasses.replace(sampling, top_k=5, top_p=0.9))
+    stats = engine.speculative.last_call
+    assert stats.proposed_tokens > 50 and stats.accepted_tokens >= 0.95 * stats.proposed_tokens
+
+
 def test_draft_from_a_path_and_metrics(tiny_model_dir, plain, prompts, tmp_path, load_hf_model):
     draft = load_hf_model(tiny_model_dir)  # an HF model of its own: the policy cut to its first layer
     draft.model.layers = draft.model.layers[:1]

@@ -17,6 +17,7 @@ from torch import nn
 from rl_backends_gen.native.attention import ATTENTION_NAME
 from rl_backends_gen.native.cache import EngineCache, RecurrentState
 from rl_backends_gen.native.layers import build_layer_caches
+from rl_backends_gen.native.sampling import sample_tokens
 from rl_backends_gen.native.steps import DecodeStep, PrefillStep
 
 # Config keys holding one entry per decoder layer: truncated with the layers for a policy_layers draft.
@@ -100,10 +101,14 @@ class NgramProposer:
 
 
 class DraftProposer:
-    """A small causal LM proposes ``k`` tokens per row, its argmax at each, with ``k`` forwards of its own.
+    """A small causal LM proposes ``k`` tokens per row, with ``k`` forwards of its own.
 
-    Deterministic proposals keep verification a coupling with the plain sampler (``verify.py``): the
-    output never depends on what was proposed, and no [k, R, V] draft distributions are computed.
+    Its j-th proposal is the plain sampler's draw from the draft's logits with the row's own uniform of
+    the token index the proposal stands for (greedy: the draft's argmax): the uniform the verifier draws
+    the target's token with at that index (``verify.py``). So where the draft's distribution is the
+    target's the two draws agree (acceptance ~ the overlap of the two inverse CDFs, close to
+    sum min(p, q), where an argmax proposal is accepted with p(argmax q) only), while the output still
+    never depends on what was proposed, and no [k, R, V] draft distributions are kept.
 
     ``target_cache``: the draft's layers are the engine's own first layers (``policy_layers:N``), so
     their keys/values are the target's: the draft reads and writes the engine's cache (the target's
@@ -119,6 +124,7 @@ class DraftProposer:
             cache = target_cache
         self.cache = cache
         self.caches = [] if self.shared else [cache]  # the caches that move with the rows and sleep
+        self._work: torch.Tensor | None = None  # the sampler's [rows, V] buffer, freed with the caches
 
     def start_call(self) -> None:
         pass
@@ -170,12 +176,30 @@ class DraftProposer:
             input_ids = torch.stack([before_last, rows.last_token[:count]], dim=1)  # [R, 2]
             positions = torch.stack([position - 1, position], dim=1)
         tokens = torch.zeros(count, k, dtype=torch.long, device=position.device)
+        uniforms = proposal_uniforms(rows, k)
         for j in range(k):
             hidden = self.forward(input_ids, positions, DecodeStep(self.cache, positions))
-            token = self.head(hidden[:, -1]).argmax(dim=-1)  # [R]
+            logits = self.head(hidden[:, -1]).float()
+            token, _ = sample_tokens(logits, call.sampling, uniforms[:, j], self._work_buffer(logits))  # [R]
             tokens[:, j] = token
             input_ids, positions = token[:, None], (position + j + 1)[:, None]
         return Proposals(tokens, torch.full((count,), k, dtype=torch.long, device=position.device))
+
+    def _work_buffer(self, logits: torch.Tensor) -> torch.Tensor:
+        """A float32 [rows, V] buffer for the sampler, reused while large enough."""
+        work = self._work
+        if work is None or work.shape[0] < logits.shape[0] or work.shape[1] != logits.shape[1] \
+                or work.device != logits.device:
+            work = self._work = torch.empty_like(logits)
+        return work
+
+
+def proposal_uniforms(rows, k: int) -> torch.Tensor:
+    """[R, k]: each active row's uniforms of its next ``k`` token indices (clamped at the last one)."""
+    count = rows.count
+    index = (rows.num_generated[:count, None] + torch.arange(k, device=rows.num_generated.device))
+    index = index.clamp(max=rows.uniforms.shape[1] - 1)
+    return rows.uniforms[torch.arange(count, device=index.device)[:, None], index]
 
 
 def build_draft(engine, draft_model: str, policy_layers: int | None, trained: bool = False) -> DraftProposer:

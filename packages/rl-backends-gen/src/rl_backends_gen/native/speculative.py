@@ -35,7 +35,13 @@ import torch
 
 from rl_backends_gen.config import SpeculativeConfig
 from rl_backends_gen.native.call import GenerateCall
-from rl_backends_gen.native.proposers import DraftProposer, NgramProposer, build_draft, refuse_recurrent
+from rl_backends_gen.native.proposers import (
+    DraftProposer,
+    NgramProposer,
+    build_draft,
+    proposal_uniforms,
+    refuse_recurrent,
+)
 from rl_backends_gen.native.rows import ActiveRows
 from rl_backends_gen.native.steps import DecodeStep
 from rl_backends_gen.native.verify import verify
@@ -116,6 +122,8 @@ class Speculator:
     def free(self) -> None:
         for cache in self.proposer.caches:
             cache.free()
+        if isinstance(self.proposer, DraftProposer):
+            self.proposer._work = None
         self._logits = self._work = None
 
     def allocate(self) -> None:
@@ -212,8 +220,7 @@ class SpeculativeCall(GenerateCall):
         positions = position[:, None] + offsets  # [R, q]
         hidden = engine._forward(input_ids, positions, DecodeStep(self.cache, positions))  # [R, q, hidden]
         logits = self.speculator.logits(engine, hidden.reshape(count * queries, -1)).view(count, queries, -1)
-        index = (rows.num_generated[:count, None] + offsets).clamp(max=rows.uniforms.shape[1] - 1)  # [R, q]
-        uniforms = rows.uniforms[torch.arange(count, device=self.device)[:, None], index]
+        uniforms = proposal_uniforms(rows, queries)  # the draws a plain engine would make at these indices
         verified = verify(logits, tokens, counts, self.sampling, uniforms, self.speculator._work)
         self._count(counts, verified.accepted)
         self._emit(verified.tokens, verified.logprobs, verified.accepted + 1)

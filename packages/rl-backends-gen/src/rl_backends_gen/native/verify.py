@@ -1,6 +1,6 @@
 """Verification of proposed tokens: exact speculative sampling by coupling with the plain sampler.
 
-A row proposes ``d`` deterministic tokens ``x_1 .. x_d`` (n-gram lookup, or a draft model's argmax);
+A row proposes ``d`` tokens ``x_1 .. x_d`` (n-gram lookup, or a draft model's draws with the same uniforms);
 the target model scores the row's last token and the proposals in one forward, giving logits
 ``l_0 .. l_d``. At each of those positions the plain sampler draws the token it would draw there,
 ``y_j = sample(l_j, u[t + j])`` (``u[t]``: the row's own uniform of token index ``t``; argmax when
@@ -10,8 +10,8 @@ greedy). Proposal ``x_j`` is accepted while ``y_{j-1} == x_j``; the row emits ``
 
 Every emitted token is the token the plain engine draws with the same uniform from the same context,
 so the output is the plain engine's, token for token, whatever was proposed and whether a step
-speculated at all (up to float rounding of the wider forward). For a one-hot proposal this is exactly
-the rejection rule of speculative sampling (Leviathan et al. 2023, Chen et al. 2023): ``x_j`` is
+speculated at all (up to float rounding of the wider forward). For a proposal that does not depend on
+the uniforms (n-gram) this is exactly the rejection rule of speculative sampling (Leviathan et al. 2023, Chen et al. 2023): ``x_j`` is
 accepted with probability ``p(x_j)``, and on rejection ``y`` follows ``p`` without ``x_j``,
 renormalised. Logprobs are the plain sampler's: ``log_softmax(logits / T)`` over the full vocabulary
 before masking (T = 1 when greedy).
