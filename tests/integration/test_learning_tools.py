@@ -169,3 +169,15 @@ def test_trl_mirror_refuses_what_it_cannot_reproduce(tmp_path, capsys):
     assert trl_script.main(["--recipe", "dapo", "--out", str(tmp_path / "x")]) == 2
     assert "grpo.dapo.*" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_the_kept_cells_of_docs_learning_give_its_table():
+    """docs/learning.md's main-job numbers come from the metrics files kept beside it."""
+    groups = learning.read_sweep(ROOT / "docs" / "learning" / "main")
+    assert sorted(groups) == ["dapo", "grpo", "trl"]
+    grpo, dapo = groups["grpo"][0], groups["dapo"][0]
+    assert (max(grpo.accuracy), round(grpo.test_accuracy, 3), grpo.steps[-1]) == (0.53125, 0.457, 79)
+    assert (max(dapo.accuracy), round(dapo.test_accuracy, 3)) == (0.6875, 0.605)
+    assert learning.trl_reference(groups) == pytest.approx((0.609375, 24.4), abs=0.05)
+    assert dapo.minutes_to(0.609375) == pytest.approx(30.4, abs=0.05)
+    assert grpo.minutes_to(0.609375) is None
