@@ -55,26 +55,36 @@ run_pytest() {  # run_pytest LABEL TIMEOUT_S TEST_PATH...: one pytest process, a
     local label="$1" limit="$2" start=$SECONDS rc
     shift 2
     timeout "$limit" "$python" -m pytest -m gpu -q -p no:cacheprovider -rs -s --junitxml="$out/junit/$label.xml" \
-        -o junit_family=xunit1 -o timeout=120 "$@" > "$out/$label.log" 2>&1
+        -o junit_family=xunit1 -o timeout=100 "$@" > "$out/$label.log" 2>&1
     rc=$?
-    tail -5 "$out/$label.log"
+    echo "== $label: exit $rc after $((SECONDS - start)) s"; tail -3 "$out/$label.log"
     printf '%s\t%s\t%s\n' "$label" "$rc" "$((SECONDS - start))" >> "$out/runs.tsv"
 }
 
 # Each process its own CUDA state: the memory figures of the GRPO run and Ray's GPU accounting start clean.
-run_pytest engines-and-training 300 tests/rl_backends_gen/test_native_cuda.py tests/rl_backends_train/test_dtensor_gpu.py \
-    tests/gpu_checks/test_dtensor_checkpoint_cuda.py tests/gpu_checks/test_megatron_cuda.py \
-    tests/gpu_checks/test_lora_refit_cuda.py
-run_pytest engine-features 200 tests/gpu_checks/test_engine_features_cuda.py
-run_pytest grpo-colocated 150 tests/gpu_checks/test_grpo_colocated_cuda.py
-run_pytest ray-one-gpu 150 tests/gpu_checks/test_ray_one_gpu.py
-# FP8 (issue 24): torch._scaled_mm against the CPU reference, DTensor FP8 training (torchao float8:
-# tensorwise, rowwise, blockwise) against bf16, FP8 generation in the native engine (_scaled_mm path vs
-# an HF model with the same FP8 linears, greedy vs bf16, refit re-quantization, sleep/wake). Needs
-# torchao (gpu_wheels.sh carries it); the Megatron FP8 tests need Transformer Engine, which the image
-# lacks: they skip.
-run_pytest fp8 150 tests/rl_core/test_fp8_numerics.py tests/rl_backends_train/test_fp8_training.py \
-    tests/gpu_checks/test_fp8_generation_cuda.py
+# Three lanes run side by side (a device call is short; the GPU and its 16 cores have room): the Ray
+# checks share one lane so that only one local Ray runs at a time.
+engines() {
+    run_pytest engines-and-training 300 tests/rl_backends_gen/test_native_cuda.py tests/rl_backends_train/test_dtensor_gpu.py \
+        tests/gpu_checks/test_dtensor_checkpoint_cuda.py tests/gpu_checks/test_megatron_cuda.py \
+        tests/gpu_checks/test_lora_refit_cuda.py
+}
+features_and_fp8() {
+    run_pytest engine-features 180 tests/gpu_checks/test_engine_features_cuda.py
+    # FP8 (issue 24): torch._scaled_mm against the CPU reference, DTensor FP8 training (torchao float8:
+    # tensorwise, rowwise, blockwise) against bf16, FP8 generation in the native engine (_scaled_mm path
+    # vs an HF model with the same FP8 linears, greedy vs bf16, refit re-quantization, sleep/wake). Needs
+    # torchao (gpu_wheels.sh carries it); the Megatron FP8 tests need Transformer Engine, which the
+    # image lacks: they skip.
+    run_pytest fp8 200 tests/rl_core/test_fp8_numerics.py tests/rl_backends_train/test_fp8_training.py \
+        tests/gpu_checks/test_fp8_generation_cuda.py
+}
+with_ray() {
+    run_pytest grpo-colocated 150 tests/gpu_checks/test_grpo_colocated_cuda.py
+    run_pytest ray-one-gpu 150 tests/gpu_checks/test_ray_one_gpu.py
+}
+engines & features_and_fp8 & with_ray &
+wait
 
 run_bench() {  # run_bench NAME TIMEOUT_S SCRIPT ARGS...: a benchmark's output into $out/NAME.txt, skip without CUDA
     local name="$1" limit="$2" start=$SECONDS rc
@@ -90,8 +100,9 @@ run_bench() {  # run_bench NAME TIMEOUT_S SCRIPT ARGS...: a benchmark's output i
     printf 'bench %s\t%s\t%s\n' "${name//_/-}" "$rc" "$((SECONDS - start))" >> "$out/runs.tsv"
 }
 
+# The benchmarks after the tests, alone on the GPU.
 run_bench gen_gpu 150 bench/gen_gpu.py --batch-sizes 64 256 --new-tokens 128
-run_bench fp8_step 100 bench/fp8_step.py --recipes tensorwise rowwise  # FP8 vs bf16 training step time
+run_bench fp8_step 60 bench/fp8_step.py --recipes tensorwise rowwise  # FP8 vs bf16 training step time
 
 "$python" - "$out" <<'PY'
 """The summary: one row per test (from the JUnit files) and per run without one (a crash, a timeout)."""
@@ -130,3 +141,10 @@ table.append(f"{counts['pass']} pass, {counts['fail']} fail, {counts['skip']} sk
 print("\n".join(table))
 sys.exit(1 if failed else 0)
 PY
+status=$?
+# A device call brings back at most 8 files: under $OUT, everything but the summary goes into one archive.
+if [[ -n "${OUT:-}" ]]; then
+    (cd "$out" && tar czf "${TMPDIR:-/tmp}/gpu_check.tar.gz" --exclude summary.txt . && mv "${TMPDIR:-/tmp}/gpu_check.tar.gz" . \
+        && find . -mindepth 1 ! -name summary.txt ! -name gpu_check.tar.gz -delete)
+fi
+exit $status

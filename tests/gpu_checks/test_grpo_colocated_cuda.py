@@ -41,13 +41,15 @@ class MemoryProbe:
 
 def test_three_colocated_grpo_steps_with_memory_per_phase(tiny_model_dir, tmp_path, monkeypatch, report_dir):
     import rl_apps.commands.grpo as grpo_command
+    import rl_apps.run_setup as run_setup
     from rl_apps import recipe_path
     from rl_apps.cli import main
     from rl_core.logging import read_jsonl_metrics
 
     log: list[tuple[str, float, float, float]] = []
-    build_policy, build_generation = grpo_command.build_training_backend, grpo_command.build_generation_backend
-    monkeypatch.setattr(grpo_command, "build_training_backend", lambda *a, **k: MemoryProbe(
+    # The policy is built by the run (run_setup.Run.backend), the engine by the command.
+    build_policy, build_generation = run_setup.build_training_backend, grpo_command.build_generation_backend
+    monkeypatch.setattr(run_setup, "build_training_backend", lambda *a, **k: MemoryProbe(
         build_policy(*a, **k), {"logprobs": "logprobs", "train": "train"}, log))
     monkeypatch.setattr(grpo_command, "build_generation_backend", lambda *a, **k: MemoryProbe(
         build_generation(*a, **k), {"generate": "generate", "sleep": "engine asleep", "wake": "engine awake",

@@ -76,10 +76,18 @@ def test_test_split_is_evaluated_at_the_end(tmp_path):
     assert [r["step"] for r in records if "val/accuracy" in r] == [0, 1]
 
 
-def test_a_training_time_budget_ends_the_run_and_the_test_split_follows(tmp_path):
-    # 0.001 minutes: spent by the first step, so the run stops after it (not at max_steps=3), validates
-    # there as its last step and evaluates the test split at that step.
-    overrides = [*TINY, "grpo.max_steps=3", "grpo.max_minutes=0.001", "grpo.val_every=2", "grpo.val_num_prompts=2",
+def test_a_training_time_budget_ends_the_run_and_the_test_split_follows(tmp_path, monkeypatch):
+    # The loop's clock says each step took 10 s (a real tiny step can take under 10 ms), so 0.1 minutes
+    # are spent by the first step: the run stops after it (not at max_steps=3), validates there as its
+    # last step and evaluates the test split at that step.
+    import itertools
+    import types
+
+    import rl_algorithms.loop
+
+    ticks = itertools.count(step=10.0)  # read before and after each step
+    monkeypatch.setattr(rl_algorithms.loop, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    overrides = [*TINY, "grpo.max_steps=3", "grpo.max_minutes=0.1", "grpo.val_every=2", "grpo.val_num_prompts=2",
                  "data.validation_size=4", "grpo.test_at_end=true", "grpo.test_num_prompts=3"]
     assert main(["grpo", "--config", MAIN, f"output_dir={tmp_path}", *overrides]) == 0
     records = read_jsonl_metrics(tmp_path / "metrics.jsonl")

@@ -37,6 +37,20 @@ def completions(engine, prompts, sampling=GREEDY):
     return [r[0] for r in engine.generate(prompts, sampling)]
 
 
+def assert_computes_the_quantized_model(greedy, expected: list[torch.Tensor]) -> None:
+    """The engine's logprobs of its completions equal the quantized reference's, but where an
+    activation's rounding flips.
+
+    Activations are quantized per token on the fly: where the engine's decode and the reference's full
+    forward sum in a different order, an activation can round to the neighbouring e4m3 value, and that
+    token (and, through its keys and values, the rest of its row) moves by up to ~1e-2 (measured: 2 of
+    60 tokens off, by 4e-3 at most; how many depends on the CPU's kernels). Elsewhere the two agree; the
+    unquantized model is ~4e-3 off at the median, so most tokens within 2e-4 tells them apart."""
+    diff = torch.cat([(torch.tensor(c.logprobs) - e).abs() for c, e in zip(greedy, expected)])
+    assert float(diff.max()) < 2e-2, diff
+    assert float((diff <= 2e-4).float().mean()) >= 0.75, diff
+
+
 def test_fp8_engine_converts_the_linears_and_keeps_head_embeddings_norms(fp8_engine, tiny_model_dir, load_hf_model):
     assert fp8_engine.fp8_layers == [f"model.layers.{i}.{name}" for i in range(2) for name in LINEARS]
     model, original = fp8_engine.model, load_hf_model(tiny_model_dir)
@@ -58,8 +72,7 @@ def test_fp8_engine_computes_what_the_quantized_model_computes(fp8_engine, tiny_
     greedy = completions(fp8_engine, tiny_prompts)
     reference = quantized_hf(tiny_model_dir, load_hf_model)
     expected = training_logprobs(reference, tiny_prompts, [c.token_ids for c in greedy], 1.0)
-    for completion, logprobs in zip(greedy, expected):
-        torch.testing.assert_close(torch.tensor(completion.logprobs), logprobs, atol=2e-4, rtol=0)
+    assert_computes_the_quantized_model(greedy, expected)
 
 
 def test_fp8_greedy_mostly_equals_full_precision_greedy(fp8_engine, llama_engine, tiny_prompts):
@@ -106,8 +119,7 @@ def test_fp8_block_scheme_engine(tiny_model_dir, tiny_prompts, load_hf_model, tr
     greedy = completions(engine, tiny_prompts)
     reference = quantized_hf(tiny_model_dir, load_hf_model, scheme="block")
     expected = training_logprobs(reference, tiny_prompts, [c.token_ids for c in greedy], 1.0)
-    for completion, logprobs in zip(greedy, expected):
-        torch.testing.assert_close(torch.tensor(completion.logprobs), logprobs, atol=2e-4, rtol=0)
+    assert_computes_the_quantized_model(greedy, expected)
     engine.shutdown()
 
 
@@ -139,5 +151,4 @@ def test_fp8_engine_on_families_computes_what_the_quantized_model_computes(famil
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()  # GPT-OSS: no SDPA
     assert quantize_linear_weights_(reference, skip_modules=DEFAULT_SKIP_MODULES + ENGINE_READS_WEIGHT) == engine.fp8_layers
     expected = training_logprobs(reference, tiny_prompts, [c.token_ids for c in greedy], 1.0)
-    for completion, logprobs in zip(greedy, expected):
-        torch.testing.assert_close(torch.tensor(completion.logprobs), logprobs, atol=2e-4, rtol=0)
+    assert_computes_the_quantized_model(greedy, expected)

@@ -83,6 +83,40 @@ def test_conversion_skips_the_head_odd_sizes_and_chosen_modules(tiny_tokenizer):
     assert kinds["model.layers.1.mlp.down_proj"] is nn.Linear
     assert kinds["model.embed_tokens"] is nn.Embedding
     assert model.model.layers[0].self_attn.q_proj.config.emulate  # CPU: torchao's emulation mode
+    # _scaled_mm wants inner dimensions in multiples of 16; the weight gradient's is the token count.
+    assert model.model.layers[0].self_attn.q_proj.config.pad_inner_dim
+
+
+def test_blockwise_padding_feeds_whole_blocks_and_keeps_the_linear_and_its_gradients():
+    """``pad_tokens_to_blocks`` (the CPU-checkable part of recipe blockwise): the wrapped linear sees a
+    multiple of 128 rows, and outputs and gradients equal the plain linear's for any token count."""
+    from rl_backends_train.fp8 import BLOCKWISE_MULTIPLE, pad_tokens_to_blocks
+
+    torch.manual_seed(0)
+    plain = nn.Linear(128, 256, bias=False)
+    padded = nn.Linear(128, 256, bias=False)
+    padded.load_state_dict(plain.state_dict())
+    seen: list[int] = []
+    inner = padded.forward  # what the kernel would get: the rows of its flattened input
+
+    def recording(x):
+        seen.append(x.numel() // x.shape[-1])
+        return inner(x)
+
+    padded.forward = recording
+    pad_tokens_to_blocks(padded)
+    for shape in [(3, 50, 128), (2, 64, 128), (1, 1, 128)]:
+        x = torch.randn(shape)
+        x_plain, x_padded = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out_plain, out_padded = plain(x_plain), padded(x_padded)
+        assert out_padded.shape == out_plain.shape
+        torch.testing.assert_close(out_padded, out_plain, rtol=0, atol=1e-6)
+        out_plain.square().sum().backward()
+        out_padded.square().sum().backward()
+        torch.testing.assert_close(x_padded.grad, x_plain.grad, rtol=0, atol=1e-5)
+        torch.testing.assert_close(padded.weight.grad, plain.weight.grad, rtol=1e-5, atol=1e-5)
+        plain.weight.grad = padded.weight.grad = None
+    assert seen == [256, 128, 128] and all(rows % BLOCKWISE_MULTIPLE == 0 for rows in seen)
 
 
 def test_mixture_of_experts_router_and_experts_stay_high_precision(tiny_mixtral_dir):

@@ -13,6 +13,9 @@ checkpoints, export and refit see the same names, shapes and dtypes as without F
   float8 values: the same numerics, without the speed.
 - recipe blockwise is torchao's prototype ``Float8BlockwiseLinear`` (triton kernels, SM90, bf16,
   no bias, features multiples of 128); it has no emulation, so CPU runs refuse it.
+- The float8 matmuls want aligned shapes whatever the micro-batch's token count: tensorwise and
+  rowwise pad inner dimensions to multiples of 16 (torchao's ``pad_inner_dim``), blockwise pads the
+  tokens to whole 128-row blocks (``pad_tokens_to_blocks``).
 """
 
 from __future__ import annotations
@@ -74,7 +77,10 @@ def float8_linear_config(precision: PrecisionConfig, *, emulate: bool, fsdp: boo
     float8 = require_torchao()
     config = float8.Float8LinearConfig.from_recipe_name(precision.recipe)
     all_gather = fsdp and precision.fsdp_float8_all_gather and precision.recipe == "tensorwise"
-    return dataclasses.replace(config, emulate=emulate, enable_fsdp_float8_all_gather=all_gather)
+    # pad_inner_dim: ``_scaled_mm`` needs every inner dimension a multiple of 16, and the weight
+    # gradient's inner dimension is the micro-batch's token count (any number): padded with zeros.
+    return dataclasses.replace(config, emulate=emulate, enable_fsdp_float8_all_gather=all_gather,
+                               pad_inner_dim=True)
 
 
 def fp8_eligible(fqn: str, module: nn.Module, precision: PrecisionConfig) -> bool:
@@ -106,12 +112,32 @@ def convert_linears_to_fp8(model: nn.Module, precision: PrecisionConfig, device:
         from torchao.quantization import quantize_
 
         quantize_(model, Float8BlockwiseLinearConfig(), filter_fn=wanted)
+        for fqn in targets:
+            pad_tokens_to_blocks(model.get_submodule(fqn))
     else:
         from torchao.float8 import convert_to_float8_training
 
         config = float8_linear_config(precision, emulate=device.type != "cuda", fsdp=fsdp)
         convert_to_float8_training(model, config=config, module_filter_fn=wanted)
     return targets
+
+
+def pad_tokens_to_blocks(module: nn.Module) -> None:
+    """Make ``module``'s forward pad its input's tokens (the rows of the flattened input) with zeros to
+    a multiple of 128 and drop the padded rows of the output: torchao's blockwise kernels take only
+    whole 128-row blocks, and a micro-batch has any number of tokens. Zero rows add nothing to the
+    weight's gradient, and the dropped rows get no gradient."""
+    forward = module.forward
+
+    def padded_forward(x: torch.Tensor) -> torch.Tensor:
+        tokens = x.numel() // x.shape[-1]
+        short = -tokens % BLOCKWISE_MULTIPLE
+        if short == 0:
+            return forward(x)
+        out = forward(torch.nn.functional.pad(x.reshape(tokens, x.shape[-1]), (0, 0, 0, short)))
+        return out[:tokens].reshape(*x.shape[:-1], out.shape[-1])
+
+    module.forward = padded_forward
 
 
 def plain_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -73,8 +73,9 @@ def build_tiny_vlm_processor(family: str = "qwen2_5_vl", image_size: int = 32, p
                              vocab_size: int = 512, seed: int = 0):
     """The family's processor for ``image_size``-pixel square images, with the tiny tokenizer.
 
-    Qwen families without torchvision get the image-only form of their processor class
-    (:func:`rl_core.models.processor.image_only_processor_class`); it saves as the full one.
+    Qwen families with torchvision get their full processor class, video processor included (same patch
+    and merge sizes as the image processor); without it, the image-only form of the class
+    (:func:`rl_core.models.processor.image_only_processor_class`), which saves as the full one.
     """
     _check(family, image_size, patch_size)
     tokenizer = build_tiny_tokenizer(vocab_size=vocab_size, seed=seed)
@@ -99,18 +100,37 @@ def build_tiny_vlm_processor(family: str = "qwen2_5_vl", image_size: int = 32, p
     image_processor = Qwen2VLImageProcessorPil(
         size={"shortest_edge": pixels, "longest_edge": pixels}, patch_size=patch_size, merge_size=MERGE,
         temporal_patch_size=2, **norm)
-    return _qwen_processor_class(family)(image_processor=image_processor, tokenizer=tokenizer,
-                                         chat_template=QWEN_CHAT_TEMPLATE)
+    parts = {"image_processor": image_processor, "tokenizer": tokenizer}
+    if _has_torchvision():  # the full processor class, which needs its video processor too
+        parts["video_processor"] = _qwen_video_processor(family)(
+            size={"shortest_edge": pixels, "longest_edge": pixels}, patch_size=patch_size, merge_size=MERGE,
+            temporal_patch_size=2, **norm)
+    return _qwen_processor_class(family)(**parts, chat_template=QWEN_CHAT_TEMPLATE)
+
+
+def _has_torchvision() -> bool:
+    from transformers.utils import is_torchvision_available
+
+    return is_torchvision_available()
+
+
+def _qwen_video_processor(family: str) -> type:
+    if family == "qwen2_5_vl":
+        from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+        return Qwen2VLVideoProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    return Qwen3VLVideoProcessor
 
 
 def _qwen_processor_class(family: str) -> type:
     import transformers
-    from transformers.utils import is_torchvision_available
 
     from rl_core.models.processor import image_only_processor_class
 
     cls = transformers.Qwen2_5_VLProcessor if family == "qwen2_5_vl" else transformers.Qwen3VLProcessor
-    return cls if is_torchvision_available() else image_only_processor_class(cls)
+    return cls if _has_torchvision() else image_only_processor_class(cls)
 
 
 def tiny_vlm_config(processor, family: str = "qwen2_5_vl", image_size: int = 32, patch_size: int = 8,
