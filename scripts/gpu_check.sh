@@ -15,6 +15,8 @@
 #   here:    bash scripts/gpu_wheels.sh       # once: what the device image lacks, into .cache/gpu-wheels
 #   device:  run(command="bash scripts/gpu_check.sh", carry=[".cache/gpu-wheels"], timeout_s=540)
 #
+# The test groups run in three lanes side by side, then the benchmarks alone (~3-6 minutes on an H200).
+# Under $OUT (a device call) everything but summary.txt is packed into gpu_check.tar.gz.
 # Without CUDA (a dry run) every check reports skip and the script exits 0. Not covered: vLLM and
 # SGLang on GPU (their CUDA wheels are far over what a device call carries; `nox -s vllm` / `nox -s
 # sglang` on a networked GPU machine). Logs and JUnit files go to $OUT (or ./gpu_check_out).
