@@ -178,6 +178,10 @@ def test_the_kept_cells_of_docs_learning_give_its_table():
     grpo, dapo = groups["grpo"][0], groups["dapo"][0]
     assert (max(grpo.accuracy), round(grpo.test_accuracy, 3), grpo.steps[-1]) == (0.53125, 0.457, 79)
     assert (max(dapo.accuracy), round(dapo.test_accuracy, 3)) == (0.6875, 0.605)
-    assert learning.trl_reference(groups) == pytest.approx((0.609375, 24.4), abs=0.05)
-    assert dapo.minutes_to(0.609375) == pytest.approx(30.4, abs=0.05)
-    assert grpo.minutes_to(0.609375) is None
+    grpo1, trl1 = groups["grpo"][1], groups["trl"][1]
+    assert (grpo1.seed, max(grpo1.accuracy), round(grpo1.test_accuracy, 3)) == (1, 0.484375, 0.176)
+    assert (trl1.seed, max(trl1.accuracy), round(trl1.test_accuracy, 3), trl1.steps[-1]) == (1, 0.59375, 0.473, 26)
+    # TRL's best: the mean over its seeds (0.609 and 0.594), reached by seed 0 at 24.4 minutes
+    assert learning.trl_reference(groups) == pytest.approx((0.6015625, 24.4), abs=0.05)
+    assert dapo.minutes_to(0.6015625) == pytest.approx(30.4, abs=0.05)
+    assert grpo.minutes_to(0.6015625) is None and grpo1.minutes_to(0.6015625) is None
