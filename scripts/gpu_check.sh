@@ -104,7 +104,7 @@ run_bench() {  # run_bench NAME TIMEOUT_S SCRIPT ARGS...: a benchmark's output i
 
 # The benchmarks after the tests, alone on the GPU.
 run_bench gen_gpu 150 bench/gen_gpu.py --batch-sizes 64 256 --new-tokens 128
-run_bench fp8_step 60 bench/fp8_step.py --recipes tensorwise rowwise  # FP8 vs bf16 training step time
+run_bench fp8_step 100 bench/fp8_step.py --recipes tensorwise rowwise  # FP8 vs bf16 training step time
 
 "$python" - "$out" <<'PY'
 """The summary: one row per test (from the JUnit files) and per run without one (a crash, a timeout)."""
