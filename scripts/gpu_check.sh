@@ -78,7 +78,7 @@ features_and_fp8() {
     # vs an HF model with the same FP8 linears, greedy vs bf16, refit re-quantization, sleep/wake). Needs
     # torchao (gpu_wheels.sh carries it); the Megatron FP8 tests need Transformer Engine, which the
     # image lacks: they skip.
-    run_pytest fp8 200 tests/rl_core/test_fp8_numerics.py tests/rl_backends_train/test_fp8_training.py \
+    run_pytest fp8 360 tests/rl_core/test_fp8_numerics.py tests/rl_backends_train/test_fp8_training.py \
         tests/gpu_checks/test_fp8_generation_cuda.py
 }
 with_ray() {
