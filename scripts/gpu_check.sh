@@ -10,7 +10,7 @@
 #   - rl grpo: 3 colocated steps, CUDA memory after every phase ($OUT/grpo_memory.txt)
 #   - Ray on one GPU: two engine replicas at 0.5 GPU each, a DTensor policy in an actor
 #   - FP8: _scaled_mm vs the reference, DTensor FP8 training, FP8 generation in the native engine
-#   - gen-gpu: native engine vs HF generate tokens/s (bench/gen_gpu.py)
+#   - gen-gpu: native engine (CUDA graphs, eager) vs HF generate tokens/s (bench/gen_gpu.py; 135M and 0.5B shapes)
 #
 #   here:    bash scripts/gpu_wheels.sh       # once: what the device image lacks, into .cache/gpu-wheels
 #   device:  run(command="bash scripts/gpu_check.sh", carry=[".cache/gpu-wheels"], timeout_s=540)
@@ -103,7 +103,8 @@ run_bench() {  # run_bench NAME TIMEOUT_S SCRIPT ARGS...: a benchmark's output i
 }
 
 # The benchmarks after the tests, alone on the GPU.
-run_bench gen_gpu 150 bench/gen_gpu.py --batch-sizes 64 256 --new-tokens 128
+run_bench gen_gpu 200 bench/gen_gpu.py --batch-sizes 64 256 --new-tokens 128
+run_bench gen_gpu_05b 200 bench/gen_gpu.py --shape qwen2.5-0.5b --batch-sizes 64 --new-tokens 128  # the issue's 0.5B target
 run_bench fp8_step 100 bench/fp8_step.py --recipes tensorwise rowwise  # FP8 vs bf16 training step time
 
 "$python" - "$out" <<'PY'

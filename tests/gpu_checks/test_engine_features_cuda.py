@@ -1,6 +1,7 @@
 """The native engine's newer paths on CUDA (skipped without a GPU; scripts/gpu_check.sh runs them): every model
-family of ``rl_core.models.tiny`` against HF on the same GPU, speculative decoding and its online draft, prompts with images, and
-the MoE routing record. The CPU tests of each feature hold the same claims at fp32 on the CPU."""
+family of ``rl_core.models.tiny`` against HF on the same GPU, speculative decoding and its online draft, prompts with images,
+the MoE routing record, and decode steps replayed as CUDA graphs against eager ones. The CPU tests of each feature hold
+the same claims at fp32 on the CPU."""
 
 from __future__ import annotations
 
@@ -130,4 +131,52 @@ def test_online_draft_trains_on_the_gpu_and_greedy_stays_plain(tiny_model_dir, t
     plain = NativeEngine(tiny_model_dir, device=DEVICE, max_batch_size=4, max_seq_len=128)
     assert tokens(engine.generate(tiny_prompts, GREEDY)) == tokens(plain.generate(tiny_prompts, GREEDY))
     plain.shutdown()
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_graphs_equal_eager_steps_on_the_gpu(dtype, tiny_model_dir, tiny_prompts, load_hf_model):
+    """decode_graphs="auto" captures the decode step as CUDA graphs and replays them: greedy tokens equal
+    the eager engine's, logprobs close; sleep drops the graphs and wake recaptures; a refit reaches the
+    graphs already captured."""
+    # A stop id never produced: every row runs to its limit, so the buckets do not depend on the weights.
+    greedy = SamplingParams(max_new_tokens=24, temperature=0.0, stop_token_ids=(10**6,))
+    prompts = tiny_prompts * 3  # 12 requests through 5 rows: rows join and leave, row buckets 1, 2, 4, 5
+    eager = NativeEngine(tiny_model_dir, device=DEVICE, dtype=dtype, max_batch_size=5, max_seq_len=300,
+                         decode_graphs="off")
+    engine = NativeEngine(tiny_model_dir, device=DEVICE, dtype=dtype, max_batch_size=5, max_seq_len=300)
+    engine.decode_graphs.length_step = 16  # several key-length buckets within 24 new tokens
+    tolerance = 1e-4 if dtype == "float32" else 0.05
+
+    def assert_equal_to_eager(got, sampling):
+        want = eager.generate(prompts, sampling)
+        assert tokens(got) == tokens(want)
+        assert max(abs(a - b) for g, w in zip(got, want) for cg, cw in zip(g, w)
+                   for a, b in zip(cg.logprobs, cw.logprobs)) <= tolerance
+
+    before = engine.generate(prompts, greedy)
+    assert_equal_to_eager(before, greedy)
+    stats = engine.stats
+    assert stats.graph_captures >= 4 and stats.graph_replays == stats.decode_steps == eager.stats.decode_steps
+    if dtype == "float32":
+        sampled = SamplingParams(max_new_tokens=24, temperature=1.0, n=2, seed=3)
+        assert_equal_to_eager(engine.generate(prompts, sampled), sampled)
+    allocated = []
+    for _ in range(2):  # colocated GRPO sleeps and wakes every step: recapturing must not grow memory
+        engine.sleep()
+        assert not engine.decode_graphs.graphs
+        engine.wake()
+        captures = stats.graph_captures
+        assert tokens(engine.generate(prompts, greedy)) == tokens(before) and stats.graph_captures > captures
+        allocated.append(torch.cuda.memory_allocated())
+    assert allocated[1] == allocated[0]  # (a fresh warm-up stream per capture leaked cuBLAS's 32 MiB workspace)
+    weights = {name: p.detach().to(DEVICE) * 1.5 for name, p in load_hf_model(tiny_model_dir).named_parameters()}
+    for each in (eager, engine):
+        each.update_weights(weights.items())
+    captures, replays = stats.graph_captures, stats.graph_replays
+    after = engine.generate(prompts, greedy)
+    assert tokens(after) != tokens(before)
+    assert_equal_to_eager(after, greedy)
+    assert stats.graph_captures == captures and stats.graph_replays > replays  # the same graphs, new weights
+    eager.shutdown()
     engine.shutdown()

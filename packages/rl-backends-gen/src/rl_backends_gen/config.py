@@ -149,6 +149,12 @@ class GenerationConfig(StrictModel):
     """native only: prompts prefilled together that start with the same tokens (a system prompt, the
     instruction template) compute that prefix once. Same outputs; vLLM's counterpart is
     ``vllm.enable_prefix_caching``."""
+    decode_graphs: Literal["auto", "off"] = "auto"
+    """native only: auto: on CUDA, each decode step replays a CUDA graph captured for its padded shapes
+    (rows and key length in buckets) when the model allows it (softmax attention only, text only, no
+    mixture of experts, speculative decoding or record_routing), else runs eagerly; a failed capture
+    logs a warning and falls back to eager steps. off: always eager. Same outputs either way (greedy
+    token for token); the CPU never captures."""
     record_routing: bool = False
     """native only, mixture-of-experts models: each completion carries the experts every MoE layer chose
     for each of its tokens (``Completion.routed_experts``), which the trainer replays with

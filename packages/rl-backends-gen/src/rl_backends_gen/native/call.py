@@ -11,7 +11,7 @@ import torch
 
 from rl_backends_gen.native.rows import ActiveRows, RowInfo
 from rl_backends_gen.native.sampling import draw_uniforms, sample_seed, sample_tokens
-from rl_backends_gen.native.steps import DecodeStep, PrefillStep
+from rl_backends_gen.native.steps import PrefillStep
 from rl_backends_gen.stop_strings import RowText, StopStringMatcher
 from rl_core.types import Completion, SamplingParams
 from rl_core.vision_inputs import EncodedChat
@@ -144,13 +144,10 @@ class GenerateCall:
     def _decode_step(self) -> None:
         rows, count = self.rows, self.rows.count
         position = rows.position[:count]
-        step = DecodeStep(self.cache, position)
         rotary = position + rows.rope_delta[:count]  # M-RoPE positions of a VLM's rows (vision.py); else position
-        hidden = self.engine._forward(rows.last_token[:count, None], rotary[:, None], step)  # [R, 1, hidden]
-        logits = self.engine._logits(hidden[:, -1])
-        all_rows = step.rows
+        logits = self.engine._decode_logits(rows.last_token[:count], position, rotary)  # [R, V]
         rows.position[:count] += 1
-        self._sample_and_record(all_rows, logits)
+        self._sample_and_record(torch.arange(count, device=self.device), logits)
         self.engine.stats.decode_steps += 1
         self._retire_finished(list(range(count)))
 

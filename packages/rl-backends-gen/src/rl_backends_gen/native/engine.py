@@ -6,7 +6,8 @@ One ``generate`` call runs this loop until every requested sample is done::
         admit waiting samples into free rows   # one prefill per prompt, its cache rows (keys/values,
                                                # latents, recurrent states) copied to its n samples;
                                                # a prefix the prompts share runs once
-        decode one token for all active rows   # one forward over R rows, cache updated in place
+        decode one token for all active rows   # one forward over R rows, cache updated in place (on CUDA a
+                                               # replayed graph of it, graphs.py)
         finished rows leave (last rows move into their slots)
 
 Logprobs follow rl_core's convention (``log_softmax(logits / T)`` over the full vocabulary, before
@@ -25,9 +26,11 @@ from rl_backends_gen.native.attention import ATTENTION_NAME, register_attention
 from rl_backends_gen.native.cache import EngineCache
 from rl_backends_gen.native.call import GenerateCall
 from rl_backends_gen.native.fp8 import quantize_engine_weights
+from rl_backends_gen.native.graphs import build_decode_graphs
 from rl_backends_gen.native.layers import build_layer_caches
 from rl_backends_gen.native.routing import RoutingRecorder
 from rl_backends_gen.native.sampling import call_base_seed
+from rl_backends_gen.native.steps import DecodeStep
 from rl_backends_gen.native.vision import VisionPrefill, load_model
 from rl_backends_gen.requests import default_stop_token_ids, image_prompts, validate_prompts, validate_sampling
 from rl_backends_gen.weights import copy_weights_in_place
@@ -50,6 +53,9 @@ class EngineStats:
     shared_prefix_tokens: int = 0  # prompt tokens not recomputed because a prefix was shared
     decode_steps: int = 0
     generated_tokens: int = 0
+    static_decode_steps: int = 0  # decode steps at a graph's padded shapes (graphs.py), replayed or eager
+    graph_replays: int = 0  # of those, CUDA graph replays
+    graph_captures: int = 0
 
     def reset(self) -> None:
         self.__init__()
@@ -77,12 +83,18 @@ class NativeEngine:
             (``speculative.py``); None: one token per step.
         record_routing: a mixture-of-experts model's completions carry ``routed_experts``, the experts
             every MoE layer chose for each token (``routing.py``), for the trainer to replay.
+        decode_graphs: "auto": on CUDA, each decode step (decoder and LM head) replays a CUDA graph
+            captured for its padded shapes (``graphs.py``) when the model is eligible (softmax attention
+            only, text only, no MoE, no speculative decoding or routing record), else runs eagerly;
+            "off": always eagerly; "static": the graphs' padded shapes run eagerly, without capture
+            (on any device; tests hold it to the eager step).
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 64,
                  max_seq_len: int | None = None, seed: int | None = None, tokenizer=None,
                  max_prefill_tokens: int = 16384, share_prompt_prefix: bool = True, quantization: str | None = None,
-                 fp8_scheme: str | None = None, speculative=None, record_routing: bool = False):
+                 fp8_scheme: str | None = None, speculative=None, record_routing: bool = False,
+                 decode_graphs: str = "auto"):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if max_batch_size < 1:
@@ -120,6 +132,7 @@ class NativeEngine:
             self.speculative = Speculator(self, speculative)
         self.asleep = False
         self._logits_buffer = self._work_buffer = None  # [max_batch_size, V] float32, made on first use
+        self.decode_graphs = build_decode_graphs(self, decode_graphs)  # None: every decode step runs eagerly
 
     # ----------------------------------------------------------------------------------------- API
 
@@ -150,6 +163,8 @@ class NativeEngine:
     def sleep(self) -> None:
         """Free the cache; on CUDA also move the weights to CPU memory."""
         self._check_alive()
+        if self.decode_graphs is not None:  # they hold the weights', cache's and logits buffer's addresses
+            self.decode_graphs.drop()
         self.cache.free()
         self._logits_buffer = self._work_buffer = None
         if self.speculative is not None:
@@ -174,6 +189,8 @@ class NativeEngine:
         self.asleep = False
 
     def shutdown(self) -> None:
+        if self.decode_graphs is not None:
+            self.decode_graphs.drop()
         self.cache.free()
         self._logits_buffer = self._work_buffer = None
         self.model = self.decoder = self.head = None
@@ -197,13 +214,27 @@ class NativeEngine:
         out = self.decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False, rl_step=step)
         return out.last_hidden_state
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[B, hidden] -> [B, V]`` float32 logits, written into a buffer reused by every step (fresh
-        [B, V] memory each step costs page faults comparable to the sampling work itself)."""
+    def _decode_logits(self, tokens: torch.Tensor, positions: torch.Tensor, rotary: torch.Tensor) -> torch.Tensor:
+        """``[R, V]`` float32 logits of one decode step of rows ``0 .. R-1`` (their last ``tokens``, cache
+        ``positions`` and ``rotary`` positions, each [R]): a CUDA graph's replay when there is one."""
+        if self.decode_graphs is not None:
+            logits = self.decode_graphs.logits(tokens, positions, rotary)
+            if logits is not None:
+                return logits
+        step = DecodeStep(self.cache, positions)
+        hidden = self._forward(tokens[:, None], rotary[:, None], step)  # [R, 1, hidden]
+        return self._logits(hidden[:, -1])
+
+    def _allocate_logits_buffers(self) -> None:
         if self._logits_buffer is None:
             shape = (self.max_batch_size, self.head.weight.shape[0])
             self._logits_buffer = torch.empty(shape, dtype=torch.float32, device=self.device)
             self._work_buffer = torch.empty_like(self._logits_buffer)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[B, hidden] -> [B, V]`` float32 logits, written into a buffer reused by every step (fresh
+        [B, V] memory each step costs page faults comparable to the sampling work itself)."""
+        self._allocate_logits_buffers()
         out = self._logits_buffer[: hidden.shape[0]]
         if self.dtype == torch.float32 and type(self.head) is torch.nn.Linear and self.head.bias is None:
             return torch.mm(hidden, self.head.weight.t(), out=out)

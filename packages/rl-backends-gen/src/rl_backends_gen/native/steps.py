@@ -52,24 +52,30 @@ class PrefillStep:
 class DecodeStep:
     """New tokens of the active rows ``0 .. R-1``: one per row at ``positions`` [R], or ``q`` consecutive
     ones per row at ``positions`` [R, q] (a speculative verification: the last token and the proposals;
-    each query attends causally to its row's cache and to the earlier queries of its row)."""
+    each query attends causally to its row's cache and to the earlier queries of its row).
 
-    def __init__(self, cache: EngineCache, positions: torch.Tensor):
+    ``length`` given (a CUDA graph's static shapes, ``graphs.py``): attention reads positions ``:length``
+    of every layer, sliding ones included, and nothing is read back to the host; the caller has made
+    those positions clean (``EngineCache.ensure_clean``). None: ``max(positions) + 1``, made clean here."""
+
+    def __init__(self, cache: EngineCache, positions: torch.Tensor, length: int | None = None):
         self.cache = cache
         # [R, 1] is one query per row: the [R] form, whose cache writes index one entry per row.
         self.positions = positions[:, 0] if positions.dim() == 2 and positions.shape[1] == 1 else positions
         self.rows = torch.arange(positions.shape[0], device=positions.device)
-        self.length = int(positions.max()) + 1
+        self.static = length is not None
+        self.length = length if self.static else int(positions.max()) + 1
         self.float_bias = cache.dtype == torch.float32
         self._masks: dict[int | None, tuple[int, torch.Tensor]] = {}
-        cache.ensure_clean(self.length)
+        if not self.static:
+            cache.ensure_clean(self.length)
 
     def mask(self, window: int | None) -> tuple[int, torch.Tensor]:
         """``(first, mask)``: only positions ``first .. length - 1`` can be seen by any row; ``mask``
         covers them: ``[R, 1, q, length - first]``, an additive float32 bias (0 / -inf) when the cache
         is float32 (the grouped-matmul path), else bool (True = may attend, for SDPA)."""
         if window not in self._masks:
-            first = 0 if window is None else max(0, int(self.positions.min()) - window + 1)
+            first = 0 if window is None or self.static else max(0, int(self.positions.min()) - window + 1)
             k = torch.arange(first, self.length, device=self.positions.device)[None, None, :]
             query_positions = self.positions.view(self.positions.shape[0], -1, 1)  # [R, q, 1]
             keep = k <= query_positions  # [R, q, L']
