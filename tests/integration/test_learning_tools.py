@@ -185,3 +185,24 @@ def test_the_kept_cells_of_docs_learning_give_its_table():
     assert learning.trl_reference(groups) == pytest.approx((0.6015625, 24.4), abs=0.05)
     assert dapo.minutes_to(0.6015625) == pytest.approx(30.4, abs=0.05)
     assert grpo.minutes_to(0.6015625) is None and grpo1.minutes_to(0.6015625) is None
+
+
+def test_the_per_step_seed_table_of_docs_learning_comes_from_the_kept_cells():
+    """docs/learning.md's four-seed table (train accuracy over steps 6-12, held-out at step 10 or 12) is what
+    the kept metrics files of seeds 0-1 (learning/main) and 2-3 (learning/seeds12) hold."""
+    def cell(name: str) -> tuple[float, float]:
+        folder = "main" if name.endswith(("-s0", "-s1")) else "seeds12"
+        records = read_jsonl_metrics(ROOT / "docs" / "learning" / folder / name / "metrics.jsonl")
+        train = [r["train/accuracy"] for r in records if "train/accuracy" in r and 6 <= r["step"] <= 12]
+        held_out = [r["val/accuracy"] for r in records if "val/accuracy" in r and 10 <= r["step"] <= 12]
+        assert len(train) == 7
+        return round(sum(train) / len(train), 3), round(held_out[0], 3)
+
+    table = {f"{lib}-s{seed}": cell(f"{lib}-s{seed}") for lib in ("grpo", "trl") for seed in range(4)}
+    assert table == {"grpo-s0": (0.19, 0.125), "grpo-s1": (0.057, 0.078), "grpo-s2": (0.438, 0.406),
+                     "grpo-s3": (0.289, 0.297), "trl-s0": (0.381, 0.562), "trl-s1": (0.411, 0.469),
+                     "trl-s2": (0.375, 0.516), "trl-s3": (0.03, 0.016)}
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    for seed in range(4):
+        ours, theirs = table[f"grpo-s{seed}"], table[f"trl-s{seed}"]
+        assert f"| {seed} | {ours[0]:.3f} | {ours[1]:.3f} | {theirs[0]:.3f} | {theirs[1]:.3f} |" in doc
