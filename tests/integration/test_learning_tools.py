@@ -4,9 +4,11 @@ and plot, on synthetic metrics files) and bench/trl_grpo_arith.py (TRL's side, o
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -143,13 +145,16 @@ def test_report_table_means_spreads_and_trl_ratio(synthetic_sweep, tmp_path):
 # ------------------------------------------------------------------------------------------------ TRL
 
 
-def test_trl_mirror_runs_one_step_in_our_metrics_format(tmp_path):
+def test_trl_mirror_runs_one_step_in_our_metrics_format(tmp_path, monkeypatch):
     pytest.importorskip("trl")
     trl_script = load_script("bench/trl_grpo_arith.py")
     out = tmp_path / "trl-s0"
-    # max_steps 3, but the 0.001-minute training budget is spent by the first step: it is the last one
-    # (validated, then the test split), as on our side.
-    assert trl_script.main(["--out", str(out), "--seed", "0", *TINY, "grpo.max_steps=3", "grpo.max_minutes=0.001"]) == 0
+    # max_steps 3, but the 0.1-minute training budget is spent by the first step (a fake clock: 10 s between
+    # any two readings, so a step takes 10 s whatever the machine): it is the last one (validated, then the
+    # test split), as on our side.
+    ticks = itertools.count(0.0, 10.0)
+    monkeypatch.setattr(trl_script, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    assert trl_script.main(["--out", str(out), "--seed", "0", *TINY, "grpo.max_steps=3", "grpo.max_minutes=0.1"]) == 0
     records = read_jsonl_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records if "val/accuracy" in r] == [0, 1]
     train = [r for r in records if "train/time/total" in r]
