@@ -211,3 +211,10 @@ def test_the_per_step_seed_table_of_docs_learning_comes_from_the_kept_cells():
     for seed in range(4):
         ours, theirs = table[f"grpo-s{seed}"], table[f"trl-s{seed}"]
         assert f"| {seed} | {ours[0]:.3f} | {ours[1]:.3f} | {theirs[0]:.3f} | {theirs[1]:.3f} |" in doc
+
+
+def test_the_dapo_without_overlong_buffer_row_of_docs_learning_comes_from_its_kept_cell():
+    run = learning.read_run(ROOT / "docs" / "learning" / "dapo_no_buffer" / "dapo-s0")
+    assert (max(run.accuracy), run.at_budget(30), round(run.test_accuracy, 3), run.steps[-1]) == (0.75, 0.6875, 0.676, 60)
+    assert run.minutes_to(0.4) == pytest.approx(4.4, abs=0.05)
+    assert run.minutes_to(0.6015625) == pytest.approx(10.3, abs=0.05)  # TRL's best, reached by TRL at 24.4
