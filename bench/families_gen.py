@@ -4,10 +4,15 @@ Qwen3-MoE (8 experts, 2 per token: the active MLP of SmolLM2's dense one; 320M p
 
     python bench/families_gen.py                        # both families, batch 64, fp32, 64 new tokens
     python bench/families_gen.py --families qwen3_moe --dtype bfloat16
+    python bench/families_gen.py --prompts random       # random ids of 40-56 tokens, no shared prefix
+    python bench/families_gen.py --phases --chunked-prefill    # prefill and decode/step, token loop vs chunks
     python bench/families_gen.py --tiny                 # the tiny models, batch 4: a check that it runs
 
 Same protocol as bench/gen_cpu.py (interleaved rounds, best round, temperature 1.0 and no stop token so
-each engine generates exactly batch x new_tokens tokens); the prompts are random ids of 40-56 tokens.
+each engine generates exactly batch x new_tokens tokens). The prompts (``--prompts``): ``chat`` (default),
+gen-cpu's own: its arithmetic questions in SmolLM2-135M-Instruct's chat template (49-54 tokens, the first 27
+shared, which the native engine prefills once; the models share SmolLM2's vocabulary size, so its token ids
+are valid); ``random``: random ids of 40-56 tokens that share no prefix, so both engines prefill every token.
 """
 
 from __future__ import annotations
@@ -16,13 +21,12 @@ import argparse
 import os
 import sys
 import tempfile
-from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_cpu import _hf, _native, sampling_params  # noqa: E402
+from gen_cpu import _hf, _native, make_prompts, sampling_params  # noqa: E402
 
 # SmolLM2-135M: 30 layers, hidden 576, 9 query / 3 key-value heads of 64, MLP 1536, vocab 49152.
 SMOLLM2 = dict(num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
@@ -45,7 +49,23 @@ def build(family: str, tiny: bool, folder: str) -> str:
     return folder
 
 
-def run_family(family: str, args) -> dict[str, float]:
+def make_family_prompts(kind: str, tokenizer, batch: int, tiny: bool) -> list[list[int]]:
+    """``batch`` prompts of token ids: gen-cpu's chat prompts (SmolLM2's tokenizer at SmolLM2's size, the
+    tiny tokenizer with ``tiny``) or random ids of 40-56 tokens."""
+    if kind == "chat":
+        if not tiny:
+            from transformers import AutoTokenizer
+
+            from rl_core.models import resolve_model
+
+            tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"))
+        return make_prompts(tokenizer, batch)
+    gen = torch.Generator().manual_seed(0)
+    vocab = min(tokenizer.vocab_size, 512)
+    return [torch.randint(4, vocab, (40 + i % 17,), generator=gen).tolist() for i in range(batch)]
+
+
+def run_family(family: str, args) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rl_backends_gen.native import NativeEngine
@@ -53,30 +73,76 @@ def run_family(family: str, args) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as folder:
         path = build(family, args.tiny, folder)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        vocab = min(tokenizer.vocab_size, 512)
-        gen = torch.Generator().manual_seed(0)
-        prompts = [torch.randint(4, vocab, (40 + i % 17,), generator=gen).tolist() for i in range(args.batch)]
-        sampling = sampling_params(args.new_tokens)
+        prompts = make_family_prompts(args.prompts, tokenizer, args.batch, args.tiny)
         native = NativeEngine(path, dtype=args.dtype, max_batch_size=args.batch,
-                              max_seq_len=max(map(len, prompts)) + args.new_tokens + 8)
+                              max_seq_len=max(map(len, prompts)) + max(args.new_tokens, PHASE_TOKENS) + 8)
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
-        native.generate(prompts[:2], sampling)  # warm-up
-        engines = {"native": partial(_native, native, prompts, sampling),
-                   "hf": partial(_hf, hf, tokenizer, prompts, args.new_tokens)}
-        rates: dict[str, list[float]] = {name: [] for name in engines}
-        for _ in range(args.repeats):
-            for name, run in engines.items():
-                tokens, seconds = run()
-                assert tokens == args.batch * args.new_tokens, (name, tokens)
-                rates[name].append(tokens / seconds)
+        native.generate(prompts[:2], sampling_params(2))  # warm-up
+        engines = {"native": lambda n: _native(native, prompts, sampling_params(n)),
+                   "hf": lambda n: _hf(hf, tokenizer, prompts, n)}
+        if args.chunked_prefill:
+            engines["chunked"] = chunked_prefill(engines["native"])
+        result = (phases if args.phases else rates)(family, engines, args)
         native.shutdown()
-    best = {name: max(r) for name, r in rates.items()}
-    for name, r in rates.items():
+    return result
+
+
+def chunked_prefill(run):
+    """``run`` with the gated delta rule's prefill forced onto transformers' chunked kernel (the engine's
+    path before its token loop, ``recurrent_steps.stepwise_is_cheaper``)."""
+    from rl_backends_gen.native import recurrent_steps
+
+    def forced(new_tokens: int):
+        cost_model = recurrent_steps.stepwise_is_cheaper
+        recurrent_steps.stepwise_is_cheaper = lambda rows, tokens: False
+        try:
+            return run(new_tokens)
+        finally:
+            recurrent_steps.stepwise_is_cheaper = cost_model
+    return forced
+
+
+def rates(family: str, engines: dict, args) -> dict[str, float]:
+    """Tokens/s of each engine over ``args.repeats`` interleaved rounds (best round), and native/hf."""
+    runs: dict[str, list[float]] = {name: [] for name in engines}
+    for _ in range(args.repeats):
+        for name, run in engines.items():
+            tokens, seconds = run(args.new_tokens)
+            assert tokens == args.batch * args.new_tokens, (name, tokens)
+            runs[name].append(tokens / seconds)
+    best = {name: max(r) for name, r in runs.items()}
+    for name, r in runs.items():
         print(f"{family:>13} {args.dtype:>9} {args.batch:>5} {name:>7} {best[name]:8.1f}   "
               f"{' '.join(f'{x:.1f}' for x in r)}")
     print(f"{family:>13} {args.dtype:>9} {args.batch:>5} {'ratio':>7} native/hf = {best['native'] / best['hf']:.2f}x",
           flush=True)
-    return {"native": best["native"], "hf": best["hf"], "ratio": best["native"] / best["hf"]}
+    return {**best, "ratio": best["native"] / best["hf"]}
+
+
+PHASE_TOKENS = 33  # --phases: decode per step = (a call of 33 new tokens - a call of 1) / 32
+
+
+def phases(family: str, engines: dict, args) -> dict[str, dict[str, float]]:
+    """Prefill (a call of 1 new token) and decode per step of each engine, interleaved rounds, best of each;
+    and the workload of ``args.new_tokens`` tokens projected from them."""
+    seconds: dict[str, dict[int, list[float]]] = {name: {1: [], PHASE_TOKENS: []} for name in engines}
+    for _ in range(args.repeats):
+        for name, run in engines.items():
+            for new_tokens in (1, PHASE_TOKENS):
+                seconds[name][new_tokens].append(run(new_tokens)[1])
+    result = {}
+    for name, by_tokens in seconds.items():
+        prefill, longer = min(by_tokens[1]), min(by_tokens[PHASE_TOKENS])
+        decode = (longer - prefill) / (PHASE_TOKENS - 1)
+        result[name] = {"prefill_ms": prefill * 1e3, "decode_ms": decode * 1e3,
+                        "workload_s": prefill + args.new_tokens * decode,
+                        "prefill_runs_ms": [t * 1e3 for t in by_tokens[1]]}
+        print(f"{family:>13} {args.dtype:>9} {args.batch:>5} {name:>7}   prefill+1 {prefill * 1e3:8.0f} ms   "
+              f"decode/step {decode * 1e3:7.1f} ms   {args.new_tokens} new tokens {result[name]['workload_s']:6.1f} s   "
+              f"prefill runs (ms) {' '.join(f'{t * 1e3:.0f}' for t in by_tokens[1])}")
+    ratio = result["hf"]["workload_s"] / result["native"]["workload_s"]
+    print(f"{family:>13} {args.dtype:>9} {args.batch:>5} {'ratio':>7} native/hf = {ratio:.2f}x (projected)", flush=True)
+    return result
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
@@ -86,13 +152,21 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--batch", type=int, default=None, help="prompts per call (default 64; 4 with --tiny)")
     parser.add_argument("--new-tokens", type=int, default=None, help="default 64; 4 with --tiny")
     parser.add_argument("--repeats", type=int, default=None, help="rounds of (native, hf); default 2, 1 with --tiny")
+    parser.add_argument("--prompts", default="chat", choices=["chat", "random"],
+                        help="gen-cpu's chat prompts (a shared 27-token prefix) or random ids (no shared prefix)")
+    parser.add_argument("--phases", action="store_true",
+                        help="time prefill (1 new token) and decode per step (33 - 1 tokens) instead of the workload")
+    parser.add_argument("--chunked-prefill", action="store_true", help="also run the native engine with its "
+                        "gated delta rule prefill forced onto transformers' chunked kernel (an A/B of the token loop)")
     parser.add_argument("--tiny", action="store_true", help="rl_core.models.tiny's models, batch 4: a quick check")
     args = parser.parse_args(argv)
     args.batch = args.batch or (4 if args.tiny else 64)
     args.new_tokens = args.new_tokens or (4 if args.tiny else 64)
     args.repeats = args.repeats or (1 if args.tiny else 2)
-    print(f"# families-gen  torch threads={torch.get_num_threads()}  load average={os.getloadavg()[0]:.1f}")
-    print(f"{'family':>13} {'dtype':>9} {'batch':>5} {'engine':>7} {'tok/s':>8}   runs (tok/s)")
+    print(f"# families-gen  prompts={args.prompts}  torch threads={torch.get_num_threads()}  "
+          f"load average={os.getloadavg()[0]:.1f}")
+    if not args.phases:
+        print(f"{'family':>13} {'dtype':>9} {'batch':>5} {'engine':>7} {'tok/s':>8}   runs (tok/s)")
     return {family: run_family(family, args) for family in args.families}
 
 

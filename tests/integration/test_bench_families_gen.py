@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "families_gen.py"
 
 
@@ -55,3 +57,34 @@ def test_profile_kernels_mode_times_reference_and_engine_kernels():
     assert set(times) == {"experts grouped_mm", "experts eager", "experts engine", "delta rule transformers",
                           "delta rule engine"}
     assert all(0 < ms < 10_000 for ms in times.values())
+
+
+def test_chat_prompts_are_gen_cpus_and_random_prompts_share_no_prefix():
+    """--prompts chat (the default) gives gen-cpu's prompts (SmolLM2's chat template: 49-54 tokens, the first
+    27 shared, which the native engine prefills once); --prompts random shares no prefix."""
+    from transformers import AutoTokenizer
+
+    from rl_backends_gen.native.call import MIN_SHARED_PREFIX, common_prefix_length
+    from rl_core.models.tiny import build_tiny_tokenizer
+
+    bench = load()
+    tiny = build_tiny_tokenizer()
+    chat = bench.make_family_prompts("chat", tiny, 64, tiny=False)
+    gen_cpu = load("gen_cpu")
+    from rl_core.models import resolve_model
+
+    assert chat == gen_cpu.make_prompts(AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct")), 64)
+    assert (min(map(len, chat)), max(map(len, chat)), common_prefix_length(chat)) == (49, 54, 27)
+    assert max(max(p) for p in chat) < bench.SMOLLM2["vocab_size"]
+    random = bench.make_family_prompts("random", tiny, 64, tiny=False)
+    assert common_prefix_length(random) < MIN_SHARED_PREFIX and max(max(p) for p in random) < tiny.vocab_size
+    assert max(max(p) for p in bench.make_family_prompts("chat", tiny, 4, tiny=True)) < tiny.vocab_size
+
+
+def test_phases_mode_times_prefill_and_decode_of_each_engine_and_the_chunked_prefill(capsys):
+    results = load().main(["--tiny", "--phases", "--chunked-prefill", "--families", "qwen3_5_text"])
+    engines = results["qwen3_5_text"]
+    assert set(engines) == {"native", "hf", "chunked"}
+    for name, r in engines.items():
+        assert r["prefill_ms"] > 0 and r["workload_s"] == pytest.approx((r["prefill_ms"] + 4 * r["decode_ms"]) / 1e3), name
+    assert "ratio native/hf = " in capsys.readouterr().out

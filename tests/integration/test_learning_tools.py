@@ -218,3 +218,40 @@ def test_the_dapo_without_overlong_buffer_row_of_docs_learning_comes_from_its_ke
     assert (max(run.accuracy), run.at_budget(30), round(run.test_accuracy, 3), run.steps[-1]) == (0.75, 0.6875, 0.676, 60)
     assert run.minutes_to(0.4) == pytest.approx(4.4, abs=0.05)
     assert run.minutes_to(0.6015625) == pytest.approx(10.3, abs=0.05)  # TRL's best, reached by TRL at 24.4
+    seed1 = learning.read_run(ROOT / "docs" / "learning" / "dapo_no_buffer" / "dapo-s1")
+    assert (max(seed1.accuracy), seed1.at_budget(30), round(seed1.test_accuracy, 3), seed1.steps[-1]) == \
+        (0.703125, 0.6875, 0.566, 54)
+    assert (seed1.minutes_to(0.4), seed1.minutes_to(0.6015625)) == (pytest.approx(5.1, abs=0.05),) * 2
+    # seed 1's answers ran to the 32-token cap from step 10 on (the doc's truncation finding)
+    records = read_jsonl_metrics(ROOT / "docs" / "learning" / "dapo_no_buffer" / "dapo-s1" / "metrics.jsonl")
+    assert all(r["val/truncated_fraction"] == 1.0 for r in records if "val/accuracy" in r and r["step"] >= 10)
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert "| DAPO, no overlong buffer, seed 1 | 54 (30.1) | 0.703 | 0.688 | 0.566 | 5.1 | 5.1 | 0.21 | 14.1 |" in doc
+
+
+def test_the_overlong_filtering_collapse_of_docs_learning_is_in_its_kept_metrics():
+    """DAPO with overlong filtering and no buffer, seed 1: truncation rises to every sample and held-out
+    accuracy to 0 (docs/learning.md's finding, read from the kept metrics)."""
+    records = read_jsonl_metrics(ROOT / "docs" / "learning" / "dapo_filtering" / "dapo-s1" / "metrics.jsonl")
+    truncated = {r["step"]: r["train/truncated_fraction"] for r in records if "train/truncated_fraction" in r}
+    assert [round(truncated[s], 2) for s in (1, 2, 3)] == [0.6, 0.77, 0.92]
+    assert min(v for s, v in truncated.items() if s >= 4) >= 0.9
+    held_out = {r["step"]: r["val/accuracy"] for r in records if "val/accuracy" in r}
+    assert held_out == {0: pytest.approx(0.04296875), 5: 0.0, 10: 0.0}
+    updated = sorted(r["step"] for r in records if "train/valid_fraction" in r)
+    assert updated == [1, 2, 4, 12]
+
+
+def test_the_second_task_row_of_docs_learning_comes_from_its_kept_cell():
+    """The second task's first cell (DAPO without the overlong buffer, seed 0): flat at 0 held-out, format
+    learned, dynamic sampling left with almost no group (docs/learning.md's row and reading)."""
+    run = learning.read_run(ROOT / "docs" / "learning" / "arith3" / "dapo-s0")
+    assert (run.accuracy[0], max(run.accuracy), run.at_budget(30), round(run.test_accuracy, 3), run.steps[-1]) == \
+        (0.0, 0.015625, 0.0, 0.008, 68)
+    assert run.minutes_to(0.2) is None
+    records = read_jsonl_metrics(ROOT / "docs" / "learning" / "arith3" / "dapo-s0" / "metrics.jsonl")
+    late = [r for r in records if "train/reward_mean" in r and r["step"] >= 41]
+    assert sum(r["train/dynamic_sampling/kept_groups"] for r in late) / len(late) < 0.5
+    assert min(r["train/reward/format"] for r in late) >= 0.99
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert "| DAPO, no overlong buffer | 0 | 68 (30.5) | 0.000 | 0.016 (step 20) | 0.000 | 0.008 | never |" in doc

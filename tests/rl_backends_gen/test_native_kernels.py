@@ -98,6 +98,48 @@ def test_gated_delta_step_equals_transformers_recurrent_rule_over_several_steps(
     assert ours.data_ptr() == buffer and ours.abs().max().item() > 0.1
 
 
+def test_gated_delta_steps_equal_the_chunked_reference_across_a_chunk_and_padding():
+    """The token loop of a prefill (3 rows, 70 tokens: past one 64-token chunk, from a random state, the
+    last tokens of two rows padding with no decay and no write) gives the chunked reference's outputs and
+    final state; the state is updated in place."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+
+    gen = torch.Generator().manual_seed(0)
+    rows, tokens, heads, k_dim, v_dim = 3, 70, 4, 32, 32
+    query, key = (torch.randn(rows, tokens, heads, k_dim, generator=gen) for _ in range(2))
+    value = torch.randn(rows, tokens, heads, v_dim, generator=gen)
+    real = (torch.arange(tokens)[None, :] < torch.tensor([70, 50, 3])[:, None])[..., None]
+    g, beta = -torch.rand(rows, tokens, heads, generator=gen) * real, torch.rand(rows, tokens, heads, generator=gen) * real
+    initial = torch.randn(rows, heads, k_dim, v_dim, generator=gen)
+    want, want_state = torch_chunk_gated_delta_rule(query, key, value, g=g, beta=beta, initial_state=initial.clone(),
+                                                    output_final_state=True, use_qk_l2norm_in_kernel=True)
+    state = initial.clone()
+    got = recurrent_steps.gated_delta_steps(query, key, value, g, beta, state)
+    assert got.shape == want.shape == (rows, tokens, heads, v_dim)
+    assert (got - want).abs().max().item() <= 1e-5 and (state - want_state).abs().max().item() <= 1e-5
+    assert (state - initial).abs().max().item() > 0.1
+
+
+def test_the_prefill_cost_model_loops_for_many_short_prompts_and_chunks_few_long_ones():
+    assert recurrent_steps.stepwise_is_cheaper(64, 56) and recurrent_steps.stepwise_is_cheaper(16, 128)
+    assert not recurrent_steps.stepwise_is_cheaper(1, 512) and not recurrent_steps.stepwise_is_cheaper(1, 64)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_5_moe_text"])
+def test_both_prefill_paths_of_the_gated_delta_rule_give_the_same_generation(family, tiny_family_dir, tiny_prompts,
+                                                                            monkeypatch):
+    """Greedy tokens and logprobs are the same whether prefill runs the token loop or the chunks (fp32)."""
+    results = {}
+    for loop in (True, False):
+        monkeypatch.setattr(recurrent_steps, "stepwise_is_cheaper", lambda rows, tokens, loop=loop: loop)
+        engine = NativeEngine(tiny_family_dir(family), max_batch_size=8, max_seq_len=64)
+        results[loop] = engine.generate(tiny_prompts, SamplingParams(max_new_tokens=8, temperature=0.0))
+        engine.shutdown()
+    for by_loop, by_chunks in zip(results[True], results[False], strict=True):
+        assert by_loop[0].token_ids == by_chunks[0].token_ids
+        assert max(abs(a - b) for a, b in zip(by_loop[0].logprobs, by_chunks[0].logprobs, strict=True)) <= 1e-5
+
+
 def test_mamba2_step_equals_transformers_selective_state_update_over_several_steps():
     """5 rows, 4 heads of dim 6 in 2 groups, state size 8, 6 tokens from a random state: the same outputs
     and states as transformers' single-step Mamba-2 update (given the engine's clamped step)."""

@@ -4,8 +4,9 @@
 Both are a causal depthwise convolution followed by a linear recurrence over a fixed-size state. The
 engine keeps, per row, the convolution's last ``kernel - 1`` inputs and the recurrent state:
 
-* prefill runs transformers' own chunked kernels over right-padded prompts. Padding must not touch
-  the state, so at padded positions the recurrence is made the identity (gated delta-net: decay
+* prefill runs transformers' own chunked kernels over right-padded prompts (on CPU the gated delta
+  rule of a batch of short prompts runs token by token instead, which is cheaper: ``recurrent_steps``).
+  Padding must not touch the state, so at padded positions the recurrence is made the identity (gated delta-net: decay
   ``g = 0`` and write strength ``beta = 0``; Mamba-2: step ``dt = 0``), and the convolution state is
   gathered at each row's own last inputs. After a shared prefix, the rows start from the prefix's
   state and convolution inputs.
@@ -88,9 +89,14 @@ def gated_delta_net_forward(self, hidden_states, cache_params=None, attention_ma
     else:
         real = rl_step.real_tokens()[..., None]  # padding: no decay, no write
         initial = layer["state"][rl_step.first_slot_of_row] if rl_step.start else None
-        out, final = kernels.torch_chunk_gated_delta_rule(query, key, value, g=g * real, beta=beta * real,
-                                                          initial_state=initial, output_final_state=True,
-                                                          use_qk_l2norm_in_kernel=True)
+        if query.device.type == "cpu" and recurrent_steps.stepwise_is_cheaper(batch, length):
+            final = initial.float() if initial is not None else \
+                query.new_zeros(batch, self.num_v_heads, self.head_k_dim, self.head_v_dim, dtype=torch.float32)
+            out = recurrent_steps.gated_delta_steps(query, key, value, g * real, beta * real, final)
+        else:
+            out, final = kernels.torch_chunk_gated_delta_rule(query, key, value, g=g * real, beta=beta * real,
+                                                              initial_state=initial, output_final_state=True,
+                                                              use_qk_l2norm_in_kernel=True)
         layer["state"][rl_step.slots] = final[rl_step.row_of_slot].to(layer["state"].dtype)
     z = self.in_proj_z(hidden_states)
     out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
