@@ -255,3 +255,17 @@ def test_the_second_task_row_of_docs_learning_comes_from_its_kept_cell():
     assert min(r["train/reward/format"] for r in late) >= 0.99
     doc = (ROOT / "docs" / "learning.md").read_text()
     assert "| DAPO, no overlong buffer | 0 | 68 (30.5) | 0.000 | 0.016 (step 20) | 0.000 | 0.008 | never |" in doc
+
+
+def test_the_four_token_buffer_collapse_of_docs_learning_is_in_its_kept_metrics():
+    """DAPO with a 4-token overlong buffer, seed 1: the first update halves the answers' length and held-out
+    accuracy stays 0 while the format is relearned (docs/learning.md's finding)."""
+    records = read_jsonl_metrics(ROOT / "docs" / "learning" / "dapo_buffer4" / "dapo-s1" / "metrics.jsonl")
+    train = {r["step"]: r for r in records if "train/reward_mean" in r}
+    assert round(train[1]["train/truncated_fraction"], 2) == 0.52
+    assert (round(train[1]["train/response_length_mean"], 1), round(train[2]["train/response_length_mean"], 1)) == \
+        (26.5, 15.4)
+    assert min(r["train/reward/format"] for s, r in train.items() if s >= 11) >= 0.98
+    assert round(max(r["train/accuracy"] for r in train.values()), 3) == 0.036
+    held_out = {r["step"]: r["val/accuracy"] for r in records if "val/accuracy" in r}
+    assert held_out == {0: 0.078125, 5: 0.0, 10: 0.0, 15: 0.0, 20: 0.0, 25: 0.0}
