@@ -6,9 +6,9 @@ engine keeps, per row, the convolution's last ``kernel - 1`` inputs and the recu
 
 * prefill runs transformers' own chunked kernels over right-padded prompts (on CPU the gated delta
   rule of a batch of short prompts runs token by token instead, which is cheaper: ``recurrent_steps``).
-  Padding must not touch the state, so at padded positions the recurrence is made the identity (gated delta-net: decay
-  ``g = 0`` and write strength ``beta = 0``; Mamba-2: step ``dt = 0``), and the convolution state is
-  gathered at each row's own last inputs. After a shared prefix, the rows start from the prefix's
+  Padding must not touch the state, so at padded positions the recurrence is made the identity (gated
+  delta-net: decay ``g = 0`` and write strength ``beta = 0``; Mamba-2: step ``dt = 0``), and the
+  convolution state is gathered at each row's own last inputs. After a shared prefix, the rows start from the prefix's
   state and convolution inputs.
 * decode updates the active rows' states in place, one token at a time (the gated delta rule and
   Mamba-2's scan as a few in-place batched products, ``recurrent_steps.py``; the convolution as one

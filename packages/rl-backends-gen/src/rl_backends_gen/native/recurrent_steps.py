@@ -32,8 +32,9 @@ triangular system per row, head and chunk: on CPU about 2.4 ms per (row, chunk) 
 a batch of 64 short prompts costs ~150 ms a layer whatever their length. The same recurrence token by
 token (``gated_delta_steps``: one in-place update per token for all rows) costs ~0.09 ms + 0.02 ms per
 row a token (measured on the 2-core CPU, 1 thread; fp32 results agree to ~1e-7). On CPU
-``stepwise_is_cheaper`` picks the cheaper by that cost model: the token loop for batches of short prompts (64 rows of 56
-tokens: 65 ms against 135 ms), the chunks for few long ones (1 row of 512 tokens: 20 ms against 44 ms).
+``stepwise_is_cheaper`` picks the cheaper by that cost model: the token loop for batches of short
+prompts (64 rows of 56 tokens: 65 ms against 135 ms), the chunks for few long ones (1 row of 512
+tokens: 20 ms against 44 ms).
 """
 
 from __future__ import annotations
