@@ -64,6 +64,19 @@ def test_a_preset_on_the_second_task_keeps_its_algorithm_and_takes_the_tasks_key
                         "--out", str(tmp_path / "trl-s0"), "grpo.max_steps=70"]
 
 
+def test_the_two_operand_task_is_the_three_operand_task_with_two_operands():
+    """docs/learning.md's second task as measured (grpo_arithmetic_pm_smollm2.yaml) is the three-operand recipe
+    with ``data.num_operands=2``, the override its first cell ran with; a preset takes it whole."""
+    pm = load_config(GRPORunConfig, recipe_path("grpo_arithmetic_pm_smollm2.yaml"), [])
+    three = load_config(GRPORunConfig, recipe_path("grpo_arithmetic3_smollm2.yaml"), ["data.num_operands=2"])
+    assert (pm.data, pm.grpo, pm.env, pm.val_env, pm.loss) == (three.data, three.grpo, three.env, three.val_env,
+                                                              three.loss)
+    assert pm.data.num_operands == 2 and pm.data.operators == ["+", "-"]
+    overrides = sweep.task_overrides("grpo_arithmetic_pm_smollm2.yaml")
+    dapo = load_config(GRPORunConfig, recipe_path("dapo.yaml"), overrides)
+    assert dapo.data == pm.data and dapo.grpo.max_new_tokens == 48 and dapo.grpo.dapo.dynamic_sampling
+
+
 def test_a_task_not_built_on_the_main_job_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="defaults: grpo_arithmetic_smollm2.yaml"):
         sweep.task_overrides(recipe_path("grpo_smoke_tiny.yaml"))
@@ -179,7 +192,7 @@ def test_trl_mirror_refuses_what_it_cannot_reproduce(tmp_path, capsys):
 def test_the_kept_cells_of_docs_learning_give_its_table():
     """docs/learning.md's main-job numbers come from the metrics files kept beside it."""
     groups = learning.read_sweep(ROOT / "docs" / "learning" / "main")
-    assert sorted(groups) == ["dapo", "grpo", "trl"]
+    assert sorted(groups) == ["dapo", "drgrpo", "grpo", "gspo", "trl"]
     grpo, dapo = groups["grpo"][0], groups["dapo"][0]
     assert (max(grpo.accuracy), round(grpo.test_accuracy, 3), grpo.steps[-1]) == (0.53125, 0.457, 79)
     assert (max(dapo.accuracy), round(dapo.test_accuracy, 3)) == (0.6875, 0.605)
@@ -190,6 +203,19 @@ def test_the_kept_cells_of_docs_learning_give_its_table():
     assert learning.trl_reference(groups) == pytest.approx((0.6015625, 24.4), abs=0.05)
     assert dapo.minutes_to(0.6015625) == pytest.approx(30.4, abs=0.05)
     assert grpo.minutes_to(0.6015625) is None and grpo1.minutes_to(0.6015625) is None
+    gspo = groups["gspo"][0]
+    assert (max(gspo.accuracy), gspo.at_budget(30), round(gspo.test_accuracy, 3), gspo.steps[-1]) == \
+        (0.640625, 0.578125, 0.629, 111)
+    assert gspo.minutes_to(0.4) == pytest.approx(16.1, abs=0.05)
+    assert gspo.minutes_to(0.6015625) == pytest.approx(24.7, abs=0.05)
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert "| GSPO | 0 | 111 (30.0) | 0.078 | 0.641 | 0.578 | **0.629** | 16.1 | 24.7 | 1.01 | 14.1 |" in doc
+    drgrpo = groups["drgrpo"][0]
+    assert (max(drgrpo.accuracy), drgrpo.at_budget(30), round(drgrpo.test_accuracy, 3), drgrpo.steps[-1]) == \
+        (0.5, 0.46875, 0.473, 106)
+    assert drgrpo.minutes_to(0.4) == pytest.approx(1.5, abs=0.05) and drgrpo.minutes_to(0.6015625) is None
+    assert round(drgrpo.max_drop_after(15), 1) == 32.8
+    assert "| Dr. GRPO | 0 | 106 (30.4) | 0.078 | 0.500 | 0.469 | 0.473 | **1.5** | not reached | - | 32.8 |" in doc
 
 
 def test_the_per_step_seed_table_of_docs_learning_comes_from_the_kept_cells():
@@ -269,3 +295,29 @@ def test_the_four_token_buffer_collapse_of_docs_learning_is_in_its_kept_metrics(
     assert round(max(r["train/accuracy"] for r in train.values()), 3) == 0.036
     held_out = {r["step"]: r["val/accuracy"] for r in records if "val/accuracy" in r}
     assert held_out == {0: 0.078125, 5: 0.0, 10: 0.0, 15: 0.0, 20: 0.0, 25: 0.0}
+
+
+def test_the_two_operand_second_task_row_of_docs_learning_comes_from_its_kept_cell():
+    """The second task as measured (a +/- b), DAPO without the overlong buffer, seed 0: held-out 0.016 -> 0.297
+    at 30 minutes, +28 points where the target is +15 (docs/learning.md's row); the arithmetic, not only the
+    format, is what rises (train accuracy after the format is learned)."""
+    run = learning.read_run(ROOT / "docs" / "learning" / "arith_pm" / "dapo-s0")
+    assert (run.accuracy[0], max(run.accuracy), run.at_budget(30), round(run.test_accuracy, 3), run.steps[-1]) == \
+        (0.015625, 0.375, 0.296875, 0.352, 69)
+    assert run.at_budget(30) - run.accuracy[0] >= 0.15
+    assert run.minutes_to(0.2) == pytest.approx(5.0, abs=0.05)
+    records = read_jsonl_metrics(ROOT / "docs" / "learning" / "arith_pm" / "dapo-s0" / "metrics.jsonl")
+    train = [r for r in records if "train/reward_mean" in r]
+    first, late = ([r["train/accuracy"] for r in train if lo <= r["step"] <= hi] for lo, hi in ((1, 5), (21, 69)))
+    assert sum(first) / len(first) < 0.05 and sum(late) / len(late) > 0.29
+    # TRL on the same task: its best (0.234) at 26.6 minutes; DAPO gets there in 5.0 (0.19x)
+    groups = learning.read_sweep(ROOT / "docs" / "learning" / "arith_pm")
+    assert sorted(groups) == ["dapo", "trl"]
+    trl = groups["trl"][0]
+    assert (max(trl.accuracy), round(trl.test_accuracy, 3), trl.steps[-1]) == (0.234375, 0.168, 40)
+    best, minutes = learning.trl_reference(groups)
+    assert (best, round(minutes, 1), round(run.minutes_to(best) / minutes, 2)) == (0.234375, 26.6, 0.19)
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert "| DAPO, no overlong buffer | 0 | 69 (30.2) | 0.016 | 0.375 | 0.297 | 0.352 | 5.0 | 5.0 | **0.19** | 7.8 |" \
+        in doc
+    assert "| TRL GRPOTrainer | 0 | 40 (30.0) | 0.016 | 0.234 | 0.234 | 0.168 | 26.6 | 26.6 | 1.00 | 6.2 |" in doc
