@@ -5,7 +5,8 @@
     python scripts/sweep.py --out runs/learning/main --presets trl --seeds 0 1 --set grpo.max_steps=34 --dry-run
 
 A cell is ``rl grpo --config <preset> seed=<seed> output_dir=<out>/<preset>-s<seed> grpo.test_at_end=true
-<task keys> <--set ...>``. ``--task`` names a recipe built on the main job (``defaults:
+checkpointing.enabled=false <task keys> <--set ...>`` (``--checkpoints`` keeps the recipe's checkpointing:
+each SmolLM2 checkpoint, model and optimizer, is 1.7 GB). ``--task`` names a recipe built on the main job (``defaults:
 grpo_arithmetic_smollm2.yaml``, as every preset is): the keys written in that file itself become overrides
 of each preset, so a preset runs on the other task with its own algorithm settings. The preset ``trl`` is
 TRL's GRPOTrainer on the same task (``python bench/trl_grpo_arith.py --recipe <task> --seed <seed> --out
@@ -117,8 +118,9 @@ def plan(args: argparse.Namespace) -> list[Cell]:
                 argv = ["python", TRL_SCRIPT, "--recipe", task, "--seed", str(seed), "--out", str(cell_dir), *args.set]
             else:
                 config = str(recipe_file(preset)) if Path(preset).is_file() else name
+                keep = [] if args.checkpoints else ["checkpointing.enabled=false"]
                 argv = ["rl", "grpo", "--config", config, f"seed={seed}", f"output_dir={cell_dir}",
-                        "grpo.test_at_end=true", "logger.progress_bar=false", *task_keys, *args.set]
+                        "grpo.test_at_end=true", "logger.progress_bar=false", *keep, *task_keys, *args.set]
             cells.append(Cell(name, seed, task, str(cell_dir), argv))
     return cells
 
@@ -171,6 +173,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="overrides for every cell (rl grpo's dotted keys; TRL's script reads grpo.max_steps, grpo.max_minutes, "
                              "grpo.val_every, grpo.val_num_prompts, grpo.test_num_prompts)")
+    parser.add_argument("--checkpoints", action="store_true",
+                        help="let each cell keep its recipe's checkpoints (default: checkpointing.enabled=false; a "
+                             "cell is compared by its metrics, and each SmolLM2 checkpoint is 1.7 GB)")
     parser.add_argument("--timeout-min", type=float, help="stop a cell that runs longer than this")
     parser.add_argument("--redo", action="store_true", help="run finished cells again")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")

@@ -59,9 +59,17 @@ def test_a_preset_on_the_second_task_keeps_its_algorithm_and_takes_the_tasks_key
         assert cfg.grpo.max_new_tokens == 48 and cfg.grpo.max_steps == 70 and cfg.grpo.test_at_end
         assert cfg.loss == preset.loss and cfg.grpo.advantage == preset.grpo.advantage and cfg.grpo.dapo == preset.grpo.dapo
         assert cfg.seed == cell.seed and cfg.output_dir == str(tmp_path / f"{cell.preset}-s{cell.seed}")
+        assert not cfg.checkpointing.enabled  # a cell is its metrics; SmolLM2's checkpoints are 1.7 GB each
     trl = cells[2]
     assert trl.argv == ["python", "bench/trl_grpo_arith.py", "--recipe", "grpo_arithmetic3_smollm2.yaml", "--seed", "0",
                         "--out", str(tmp_path / "trl-s0"), "grpo.max_steps=70"]
+
+
+def test_checkpoints_flag_keeps_the_recipes_checkpointing(tmp_path):
+    args = sweep.parse_args(["--out", str(tmp_path), "--presets", "dapo", "--checkpoints"])
+    (cell,) = sweep.plan(args)
+    cfg = load_config(GRPORunConfig, recipe_path("dapo.yaml"), cell.argv[4:])
+    assert cfg.checkpointing.enabled and cfg.checkpointing.every_n_steps == 10
 
 
 def test_the_two_operand_task_is_the_three_operand_task_with_two_operands():
