@@ -200,7 +200,7 @@ def test_trl_mirror_refuses_what_it_cannot_reproduce(tmp_path, capsys):
 def test_the_kept_cells_of_docs_learning_give_its_table():
     """docs/learning.md's main-job numbers come from the metrics files kept beside it."""
     groups = learning.read_sweep(ROOT / "docs" / "learning" / "main")
-    assert sorted(groups) == ["dapo", "drgrpo", "grpo", "gspo", "trl"]
+    assert sorted(groups) == ["dapo", "drgrpo", "gdpo", "grpo", "gspo", "reinforce_pp", "trl"]
     grpo, dapo = groups["grpo"][0], groups["dapo"][0]
     assert (max(grpo.accuracy), round(grpo.test_accuracy, 3), grpo.steps[-1]) == (0.53125, 0.457, 79)
     assert (max(dapo.accuracy), round(dapo.test_accuracy, 3)) == (0.6875, 0.605)
@@ -217,13 +217,39 @@ def test_the_kept_cells_of_docs_learning_give_its_table():
     assert gspo.minutes_to(0.4) == pytest.approx(16.1, abs=0.05)
     assert gspo.minutes_to(0.6015625) == pytest.approx(24.7, abs=0.05)
     doc = (ROOT / "docs" / "learning.md").read_text()
-    assert "| GSPO | 0 | 111 (30.0) | 0.078 | 0.641 | 0.578 | **0.629** | 16.1 | 24.7 | 1.01 | 14.1 |" in doc
+    assert "| GSPO | 0 | 111 (30.0) | 0.078 | 0.641 | 0.578 | 0.629 | 16.1 | 24.7 | 1.01 | 14.1 |" in doc
     drgrpo = groups["drgrpo"][0]
     assert (max(drgrpo.accuracy), drgrpo.at_budget(30), round(drgrpo.test_accuracy, 3), drgrpo.steps[-1]) == \
         (0.5, 0.46875, 0.473, 106)
     assert drgrpo.minutes_to(0.4) == pytest.approx(1.5, abs=0.05) and drgrpo.minutes_to(0.6015625) is None
     assert round(drgrpo.max_drop_after(15), 1) == 32.8
     assert "| Dr. GRPO | 0 | 106 (30.4) | 0.078 | 0.500 | 0.469 | 0.473 | **1.5** | not reached | - | 32.8 |" in doc
+    gdpo, rpp = groups["gdpo"][0], groups["reinforce_pp"][0]
+    assert (max(gdpo.accuracy), gdpo.at_budget(30), round(gdpo.test_accuracy, 3), gdpo.steps[-1]) == \
+        (0.6875, 0.6875, 0.688, 111)
+    assert gdpo.minutes_to(0.6015625) == pytest.approx(3.5, abs=0.05) and round(gdpo.max_drop_after(15), 1) == 21.9
+    assert "| GDPO | 0 | 111 (30.0) | 0.078 | **0.688** | **0.688** | **0.688** | 3.5 | 3.5 | **0.14** | 21.9 |" in doc
+    assert (max(rpp.accuracy), rpp.at_budget(30), round(rpp.test_accuracy, 3), rpp.steps[-1]) == \
+        (0.578125, 0.5, 0.523, 112)
+    assert rpp.minutes_to(0.4) == pytest.approx(4.7, abs=0.05) and rpp.minutes_to(0.6015625) is None
+    assert "| REINFORCE++ | 0 | 112 (30.3) | 0.078 | 0.578 | 0.500 | 0.523 | 4.7 | not reached | - | 28.1 |" in doc
+
+
+def test_the_gdpo_seed_with_256_validation_prompts_of_docs_learning_comes_from_its_kept_cell():
+    """GDPO seed 1, validated on 256 prompts: its row, and the late fall (0.602 at step 65 -> 0.398 at step 75,
+    52 of 256 prompts) that says the dips after step 15 are not the 64-prompt validation's noise."""
+    cell = ROOT / "docs" / "learning" / "gdpo_val256" / "gdpo-s1"
+    run = learning.read_run(cell)
+    assert (max(run.accuracy), run.at_budget(30), round(run.test_accuracy, 3), run.steps[-1]) == \
+        (0.6015625, 0.53515625, 0.512, 104)
+    assert run.minutes_to(0.4) == pytest.approx(8.6, abs=0.05)
+    assert run.minutes_to(0.6015625) == pytest.approx(19.7, abs=0.05)
+    held_out = {r["step"]: r["val/accuracy"] for r in read_jsonl_metrics(cell / "metrics.jsonl") if "val/accuracy" in r}
+    assert round((held_out[65] - held_out[75]) * 256) == 52
+    assert json.loads((cell / "cell.json").read_text())["command"].endswith(
+        "data.validation_size=256 grpo.val_num_prompts=256")
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert "| GDPO seed 1 (256 prompts) | 104 (30.0) | 0.043 | 0.602 | 0.535 | 0.512 | 8.6 | 19.7 | 0.80 | 21.1 |" in doc
 
 
 def test_the_per_step_seed_table_of_docs_learning_comes_from_the_kept_cells():
