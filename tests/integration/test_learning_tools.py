@@ -355,3 +355,26 @@ def test_the_two_operand_second_task_row_of_docs_learning_comes_from_its_kept_ce
     assert "| DAPO, no overlong buffer | 0 | 69 (30.2) | 0.016 | 0.375 | 0.297 | 0.352 | 5.0 | 5.0 | **0.19** | 7.8 |" \
         in doc
     assert "| TRL GRPOTrainer | 0 | 40 (30.0) | 0.016 | 0.234 | 0.234 | 0.168 | 26.6 | 26.6 | 1.00 | 6.2 |" in doc
+
+
+def test_the_format_weight_ablation_of_docs_learning_comes_from_its_kept_cells():
+    """GRPO with the format weighted 0.5, 12 steps, seeds 0 and 1: train accuracy over steps 6-12 and held-out at
+    step 10 beside GRPO's and GDPO's cells (docs/learning.md's ablation table)."""
+    def early(path: Path) -> tuple[float, float]:
+        records = read_jsonl_metrics(path / "metrics.jsonl")
+        train = [r["train/accuracy"] for r in records if "train/accuracy" in r and 6 <= r["step"] <= 12]
+        assert len(train) == 7
+        return round(sum(train) / len(train), 3), round(next(r["val/accuracy"] for r in records
+                                                             if "val/accuracy" in r and r["step"] == 10), 3)
+
+    kept = ROOT / "docs" / "learning"
+    rows = {seed: [early(kept / folder / f"{preset}-s{seed}") for folder, preset in
+                   (("main", "grpo"), ("format_weight_05", "grpo"), ("main" if seed == 0 else "gdpo_val256", "gdpo"))]
+            for seed in (0, 1)}
+    assert rows == {0: [(0.19, 0.125), (0.345, 0.5), (0.289, 0.641)], 1: [(0.057, 0.078), (0.128, 0.203), (0.131, 0.145)]}
+    for seed in (0, 1):
+        cell = json.loads((kept / "format_weight_05" / f"grpo-s{seed}" / "cell.json").read_text())
+        assert cell["command"].endswith("env.kwargs.format_weight=0.5")
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert "| 0 | 0.190 | 0.345 | 0.289 | 0.125 / 0.500 / 0.641 |" in doc
+    assert "| 1 | 0.057 | 0.128 | 0.131 | 0.078 / 0.203 / 0.145 (256 prompts) |" in doc
