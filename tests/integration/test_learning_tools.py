@@ -378,3 +378,36 @@ def test_the_format_weight_ablation_of_docs_learning_comes_from_its_kept_cells()
     doc = (ROOT / "docs" / "learning.md").read_text()
     assert "| 0 | 0.190 | 0.345 | 0.289 | 0.125 / 0.500 / 0.641 |" in doc
     assert "| 1 | 0.057 | 0.128 | 0.131 | 0.078 / 0.203 / 0.145 (256 prompts) |" in doc
+
+
+def test_the_cosine_lr_cells_of_docs_learning_come_from_their_kept_cells():
+    """The cosine-lr cells (docs/learning.md): their rows, the 2.3-point largest drop after step 15 of GDPO seed 1
+    (whose constant-lr cell fell 21.1), the cosine recorded in each command and in the logged lr."""
+    kept = ROOT / "docs" / "learning"
+    trl_best = learning.trl_reference(learning.read_sweep(kept / "main"))[0]
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    expected = {
+        ("gdpo_cosine_val256", "gdpo-s1", 100): ((0.6015625, 0.5859375, 0.641, 103), 2.3,
+            "| GDPO seed 1, cosine lr (256 prompts) | 103 (30.2) | 0.043 | 0.602 | 0.586 | **0.641** | 16.2 | 30.2 | 1.23 | **2.3** |"),
+        ("fw05_cosine", "grpo-s0", 110): ((0.671875, 0.640625, 0.594, 75), 18.8,
+            "| GRPO seed 0, format weight 0.5, cosine lr | 75 (30.1) | 0.078 | 0.672 | 0.641 | 0.594 | 5.1 | 28.5 | 1.17 | 18.8 |"),
+        ("gdpo_cosine", "gdpo-s0", 110): ((0.640625, 0.640625, 0.605, 89), 14.1,
+            "| GDPO seed 0, cosine lr (64 prompts) | 89 (30.2) | 0.078 | 0.641 | 0.641 | 0.605 | 4.9 | 29.2 | 1.19 | 14.1 |"),
+    }
+    for (folder, name, total_steps), (numbers, drop, row) in expected.items():
+        run = learning.read_run(kept / folder / name)
+        assert (max(run.accuracy), run.at_budget(30), round(run.test_accuracy, 3), run.steps[-1]) == numbers
+        assert round(run.max_drop_after(15), 1) == drop and run.minutes_to(trl_best) is not None
+        assert row in doc
+        command = json.loads((kept / folder / name / "cell.json").read_text())["command"]
+        assert f"policy.scheduler.kind=cosine policy.scheduler.total_steps={total_steps}" in command
+        lrs = [r["train/lr"] for r in read_jsonl_metrics(kept / folder / name / "metrics.jsonl") if "train/lr" in r]
+        assert lrs[0] == pytest.approx(3e-5) and lrs == sorted(lrs, reverse=True) and lrs[-1] < 1.5e-5
+    constant = learning.read_run(kept / "gdpo_val256" / "gdpo-s1")
+    assert round(constant.max_drop_after(15), 1) == 21.1
+    # from step 65 on no cosine cell is more than 0.8 points below its running best
+    for folder, name, _ in expected:
+        run = learning.read_run(kept / folder / name)
+        best = [max(run.accuracy[:i + 1]) for i in range(len(run.accuracy))]
+        late = [b - a for s, a, b in zip(run.steps, run.accuracy, best) if s >= 65]
+        assert late and round(100 * max(late), 1) <= 0.8
