@@ -40,6 +40,11 @@ class LocalCluster:
 
         # Short: Ray's socket paths must stay under 107 characters.
         self.temp_dir = tempfile.mkdtemp(prefix="rlmn-", dir="/tmp")
+        # Cluster() writes the head's address to Ray's default directory whatever temp_dir says; on a machine
+        # where Ray never ran, that directory does not exist yet.
+        from ray._private.utils import get_ray_address_file
+
+        os.makedirs(os.path.dirname(get_ray_address_file(None)), exist_ok=True)
         self.cluster = Cluster(initialize_head=True, head_node_args=dict(
             num_cpus=1, include_dashboard=False, temp_dir=self.temp_dir, object_store_memory=150 * 2**20))
         self.trainer = self.add("trainer")

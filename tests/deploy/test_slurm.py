@@ -129,7 +129,7 @@ def test_a_failing_command_ends_the_job_with_its_exit_code(job):
 
 
 def test_scancel_stops_the_command_and_every_node(job):
-    job_process = job(["bash", "-c", "touch started && exec sleep 600"], background=True, SLURM_JOB_NODELIST="node1")
+    job_process = job(["bash", "-c", "touch started && exec sleep 6007"], background=True, SLURM_JOB_NODELIST="node1")
     try:
         deadline = time.monotonic() + 300
         while not (job.dir / "started").exists():  # the command runs, in the submission directory
@@ -143,4 +143,4 @@ def test_scancel_stops_the_command_and_every_node(job):
     output = job_process.stderr.read()
     assert code == 143, output
     assert "stopping the command" in output and "stopping Ray on 1 node(s)" in output
-    assert not live_processes_mentioning("sleep 600")
+    assert not live_processes_mentioning("sleep 6007")  # an odd duration: no other process on the machine matches
