@@ -411,3 +411,40 @@ def test_the_cosine_lr_cells_of_docs_learning_come_from_their_kept_cells():
         best = [max(run.accuracy[:i + 1]) for i in range(len(run.accuracy))]
         late = [b - a for s, a, b in zip(run.steps, run.accuracy, best) if s >= 65]
         assert late and round(100 * max(late), 1) <= 0.8
+
+
+def test_the_warmup_and_kl_cells_of_docs_learning_come_from_their_kept_cells():
+    """The early-fall levers (docs/learning.md): the warmup cell's rows and its lr held high by skipped steps; the
+    KL cells' largest drops (5.5 and 2.0 points, seed 1 within the target), seed 0's logged KL, no step skipped."""
+    kept = ROOT / "docs" / "learning"
+    trl_best = learning.trl_reference(learning.read_sweep(kept / "main"))[0]
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    rows = {
+        ("fw05_warmup", "grpo-s0"): ((0.5859375, 0.56640625, 0.621, 112), 16.8, None,
+            "| the same + warmup of 15 steps (256 prompts) | 112 (30.1) | 0.043 | 0.586 | 0.566 | 0.621 | 15.7 | not reached | - | 16.8 |"),
+        ("fw05_kl", "grpo-s0"): ((0.62890625, 0.62109375, 0.672, 76), 5.5, 23.8,
+            "| the same + KL 0.04 (256 prompts), seed 0 | 76 (30.0) | 0.043 | **0.629** | **0.621** | **0.672** | **4.4** | 23.8 | 0.97 | **5.5** |"),
+        ("fw05_kl", "grpo-s1"): ((0.703125, 0.703125, 0.668, 69), 2.0, 15.7,
+            "| the same + KL 0.04 (256 prompts), seed 1 | 69 (30.4) | 0.043 | **0.703** | **0.703** | **0.668** | 5.1 | 15.7 | **0.64** | **2.0** |"),
+    }
+    for (folder, name), (numbers, drop, minutes, row) in rows.items():
+        run = learning.read_run(kept / folder / name)
+        assert (max(run.accuracy), run.at_budget(30), round(run.test_accuracy, 3), run.steps[-1]) == numbers
+        assert round(run.max_drop_after(15), 1) == drop and row in doc
+        reached = run.minutes_to(trl_best)
+        assert (reached is None) if minutes is None else round(reached, 1) == minutes
+        command = json.loads((kept / folder / name / "cell.json").read_text())["command"]
+        assert "env.kwargs.format_weight=0.5" in command and "policy.scheduler.kind=cosine" in command
+    warmup = read_jsonl_metrics(kept / "fw05_warmup" / "grpo-s0" / "metrics.jsonl")
+    lrs = {r["step"]: r["train/lr"] for r in warmup if "train/lr" in r}
+    assert lrs[1] == pytest.approx(2e-6) and lrs[15] == pytest.approx(3e-5)
+    assert sum(1 for r in warmup if r.get("train/skipped")) == 28 and lrs[60] > 2.7e-5
+    assert "| KL 0.04, mean (min-max) over seeds 0, 1 | 72 (30.0-30.4) | 0.043 | 0.666 (0.629-0.703) | **0.662** (0.621-0.703) " in doc
+    kl = read_jsonl_metrics(kept / "fw05_kl" / "grpo-s0" / "metrics.jsonl")
+    trained = [r for r in kl if "train/kl" in r]
+    assert len(trained) == 76 and not any(r.get("train/skipped") for r in trained)
+    assert all(0.3 < r["train/kl"] < 0.55 for r in trained if r["step"] >= 5)
+    run = learning.read_run(kept / "fw05_kl" / "grpo-s0")
+    best = [max(run.accuracy[:i + 1]) for i in range(len(run.accuracy))]
+    drops = [(s, round(100 * (b - a), 1)) for s, a, b in zip(run.steps, run.accuracy, best)]
+    assert max(d for s, d in drops if s > 20) == 3.1 and max(d for s, d in drops if s >= 30) == 1.6
