@@ -6,7 +6,7 @@
 Both sides get the same model (SmolLM2-135M-Instruct, fp32, CPU), the same arithmetic prompts and
 the same reward (both taken from the main recipe, grpo_arithmetic_smollm2.yaml), the same
 number of prompts x generations per step, max new tokens, temperature, learning rate, clip epsilons
-(0.2 / 0.28), no KL term and one optimizer step per batch (so neither computes pi_old separately).
+(0.2 / 0.28), no KL term (the main recipe's is turned off) and one optimizer step per batch (so neither computes pi_old separately).
 A step is everything: generate, score, logprobs, train, and (ours) the refit into the engine.
 The first step of each side is a warm-up and not counted; the median of the rest is compared.
 Sampling makes completion lengths differ between the two sides: both are printed next to the times,
@@ -40,6 +40,7 @@ def ours(args, out_dir: Path) -> list[dict[str, float]]:
         f"grpo.batch_size={args.prompts}", f"grpo.num_generations_per_prompt={args.generations}",
         f"grpo.max_new_tokens={args.new_tokens}", f"grpo.temperature={args.temperature}",
         f"policy.optimizer.lr={args.lr}", "logger.tensorboard=false", "grpo.skip_steps_without_signal=false",
+        "loss.kl_coef=0.0",  # the recipe's KL term adds a reference forward; TRL's side runs without one
     ]
     cfg = load_config(grpo.CONFIG_CLASS, recipe_path("grpo_arithmetic_smollm2.yaml"), overrides)
     grpo.run(cfg)

@@ -6,8 +6,12 @@
 The recipe (default: the main job, grpo_arithmetic_smollm2.yaml, with the dotted overrides given) sets both
 sides: the model (fp32, CPU), the training prompts, the reward (the recipe's ``env``: the same environment
 code), prompts x generations per step, temperature, top-p, max new tokens, learning rate, AdamW settings,
-gradient clipping, clip epsilons, one optimizer step per batch, no KL, the loss reduction (token: TRL's
-``dapo``, sequence: ``grpo``, constant: ``dr_grpo``) and the std normalisation of the group advantages.
+gradient clipping, clip epsilons, one optimizer step per batch, the loss reduction (token: TRL's ``dapo``,
+sequence: ``grpo``, constant: ``dr_grpo``), the std normalisation of the group advantages, the KL term to the
+initial model (``loss.kl_coef``: TRL's ``beta``, both the k3 estimator added to each token's loss; TRL's
+bias correction of the KL, a factor that is 1 but carries a gradient, is turned off so the gradient is ours)
+and the lr schedule (``policy.scheduler``: the trainer's scheduler is rl-backends-train's own warmup / cosine,
+counted in optimizer steps).
 Held-out accuracy is measured as `rl grpo` measures it: greedy answers to the recipe's validation prompts
 (``grpo.val_num_prompts``, the same prompts), graded by ``val_env`` and counted by rl-eval's rule (the
 ``correct`` component >= 0.5), before the first step and every ``grpo.val_every`` steps; after the last step
@@ -49,7 +53,8 @@ def unsupported(cfg) -> list[str]:
     """Settings of the recipe this TRL mirror does not reproduce (it refuses them rather than differ)."""
     checks = {
         "loss.kind=gspo": cfg.loss.kind != "clipped_pg", "loss.objective": cfg.loss.objective != "clipped",
-        "loss.kl_coef > 0": cfg.loss.kl_coef > 0, "loss.positive_nll_coef": cfg.loss.positive_nll_coef > 0,
+        "loss.kl_estimator (TRL's is k3)": cfg.loss.kl_coef > 0 and cfg.loss.kl_estimator != "k3",
+        "loss.kl_in_reward": cfg.loss.kl_in_reward, "loss.positive_nll_coef": cfg.loss.positive_nll_coef > 0,
         "loss.importance_sampling": cfg.loss.importance_sampling is not None,
         "loss.dual_clip": cfg.loss.dual_clip is not None,
         "grpo.advantage (only estimator=grpo, baseline=mean, no clipping)": (
@@ -58,7 +63,6 @@ def unsupported(cfg) -> list[str]:
         "grpo.dapo.*": cfg.grpo.dapo.dynamic_sampling or cfg.grpo.dapo.overlong_buffer_length is not None
         or cfg.grpo.dapo.overlong_filtering,
         "grpo.num_epochs / num_minibatches": not cfg.grpo.single_update, "grpo.max_turns": cfg.grpo.max_turns != 1,
-        "policy.scheduler": cfg.policy.scheduler.kind != "constant" or cfg.policy.scheduler.warmup_steps > 0,
         "policy.lora": cfg.policy.lora is not None, "policy.optimizer.name": cfg.policy.optimizer.name != "adamw",
     }
     return [name for name, bad in checks.items() if bad]
@@ -76,7 +80,8 @@ def trl_config(cfg, out: Path, seed: int):
         num_generations=grpo.num_generations_per_prompt, max_completion_length=grpo.max_new_tokens,
         temperature=grpo.temperature, top_p=grpo.top_p, top_k=grpo.top_k, learning_rate=opt.lr,
         adam_beta1=opt.betas[0], adam_beta2=opt.betas[1], adam_epsilon=opt.eps, weight_decay=opt.weight_decay,
-        max_grad_norm=cfg.policy.max_grad_norm or 0.0, lr_scheduler_type="constant", beta=0.0,
+        max_grad_norm=cfg.policy.max_grad_norm or 0.0, lr_scheduler_type="constant", beta=cfg.loss.kl_coef,
+        use_bias_correction_kl=False,
         epsilon=cfg.loss.ratio_clip_low, epsilon_high=cfg.loss.ratio_clip_high, num_iterations=1,
         loss_type=REDUCTION_TO_TRL[cfg.loss.reduction],
         scale_rewards="group" if cfg.grpo.advantage.normalize_std else "none",
@@ -137,10 +142,30 @@ class Grader:
         return {"accuracy": sum(correct) / n, "reward_mean": sum(rewards) / n, "response_length_mean": sum(lengths) / n}
 
 
+def scheduled_trainer_class():
+    """GRPOTrainer whose lr scheduler is the recipe's (rl_backends_train.optim.lr_multiplier per optimizer step)."""
+    from trl import GRPOTrainer
+
+    from rl_backends_train.optim import lr_multiplier
+
+    class ScheduledGRPOTrainer(GRPOTrainer):
+        def __init__(self, schedule, *args, **kwargs):
+            self.schedule = schedule
+            super().__init__(*args, **kwargs)
+
+        def create_scheduler(self, num_training_steps, optimizer=None):
+            if self.lr_scheduler is None:
+                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                    optimizer or self.optimizer, lambda step: lr_multiplier(step, self.schedule))
+                self._created_lr_scheduler = True
+            return self.lr_scheduler
+
+    return ScheduledGRPOTrainer
+
+
 def train(cfg, out: Path, seed: int) -> None:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOTrainer
 
     from rl_core.logging import LoggerConfig, MetricsLogger
     from rl_core.models import resolve_model
@@ -154,8 +179,10 @@ def train(cfg, out: Path, seed: int) -> None:
     val = cfg.data.build("validation", grpo.val_num_prompts) if grpo.val_every > 0 else []
     test = cfg.data.build("test", grpo.test_num_prompts)
     grader = Grader(cfg)
+    ScheduledGRPOTrainer = scheduled_trainer_class()
     config = trl_config(cfg, out, seed)
-    (out / "trl_config.json").write_text(json.dumps(config.to_dict(), indent=2, default=str) + "\n")
+    record = {**config.to_dict(), "lr_schedule (rl-backends-train's, replaces lr_scheduler_type)": cfg.policy.scheduler.model_dump()}
+    (out / "trl_config.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     logger = MetricsLogger(LoggerConfig(tensorboard=False, progress_bar=False), out, total_steps=grpo.max_steps)
 
     class Curves(TrainerCallback):
@@ -200,8 +227,9 @@ def train(cfg, out: Path, seed: int) -> None:
                 logger.log(self.val, state.global_step, prefix="val")
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    trainer = GRPOTrainer(model=model, reward_funcs=grader.reward, args=config, train_dataset=Dataset.from_list(train_rows),
-                          processing_class=tokenizer, callbacks=[Curves()])
+    trainer = ScheduledGRPOTrainer(cfg.policy.scheduler, model=model, reward_funcs=grader.reward, args=config,
+                                   train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
+                                   callbacks=[Curves()])
     try:
         trainer.train()
         logger.log(grader.held_out(trainer.model, tokenizer, test, grpo.max_new_tokens), trainer.state.global_step,

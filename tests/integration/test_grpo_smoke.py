@@ -126,8 +126,8 @@ def test_main_recipe_grades_as_documented():
         return env.step([*sample.messages, {"role": "assistant", "content": text}], sample.metadata, None).reward
 
     right, wrong = a + b, a + b + 1
-    assert grade(train, f"{a} + {b} = {right}\n\nYour final answer is \\boxed{{{right}}}") == 2.0
-    assert grade(train, f"{a} + {b} = {wrong}\n\nYour final answer is \\boxed{{{wrong}}}") == 1.0
+    assert grade(train, f"{a} + {b} = {right}\n\nYour final answer is \\boxed{{{right}}}") == 1.5  # correct + 0.5 format
+    assert grade(train, f"{a} + {b} = {wrong}\n\nYour final answer is \\boxed{{{wrong}}}") == 0.5
     assert grade(train, f"{a} + {b} = \\boxed{{{right}}}") == 1.0   # correct, but computed inside the box
     assert grade(train, f"{a} + {b} = {right}") == 0.0                # not boxed
     assert grade(val, f"{a} + {b} = \\boxed{{{right}}}") == 1.0

@@ -189,6 +189,39 @@ def test_trl_mirror_runs_one_step_in_our_metrics_format(tmp_path, monkeypatch):
     assert run.steps == [0, 1] and run.test_accuracy is not None
 
 
+def test_trl_mirror_keeps_the_recipes_kl_term_and_lr_schedule(tmp_path):
+    """A recipe with a KL term (k3, beta 0.5) and a cosine lr: TRL's beta with the bias correction off (our gradient),
+    and the trainer's scheduler is ours. The reward is the smoke reward (share of digits), which a random tiny model
+    earns, so the first step moves the policy away from the reference: KL 0 at step 1, > 0 at step 2."""
+    pytest.importorskip("trl")
+    import yaml
+
+    from rl_backends_train.config import SchedulerConfig
+    from rl_backends_train.optim import lr_multiplier
+
+    trl_script = load_script("bench/trl_grpo_arith.py")
+    recipe = yaml.safe_load(Path(recipe_path("grpo_arithmetic_smollm2.yaml")).read_text())
+    recipe["env"] = {"name": "reward_function", "kwargs": {"fn": "rl_apps.commands.grpo:smoke_reward",
+                                                           "weights": {"digits": 1.0, "any_digit": 0.0}}}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    schedule = ["policy.scheduler.kind=cosine", "policy.scheduler.total_steps=2", "policy.scheduler.min_lr_ratio=0.25"]
+    out = tmp_path / "trl-s0"
+    argv = ["--recipe", str(tmp_path / "recipe.yaml"), "--out", str(out), *TINY, "grpo.max_steps=2", "grpo.val_every=0",
+            "grpo.temperature=1.0", "grpo.num_generations_per_prompt=4", "grpo.max_new_tokens=12", "policy.optimizer.lr=1e-3",
+            "loss.kl_coef=0.5", *schedule]
+    assert trl_script.main(argv) == 0
+    config = json.loads((out / "trl_config.json").read_text())
+    assert (config["beta"], config["use_bias_correction_kl"]) == (0.5, False)
+    assert config["lr_schedule (rl-backends-train's, replaces lr_scheduler_type)"]["kind"] == "cosine"
+    train = [r for r in read_jsonl_metrics(out / "metrics.jsonl") if "train/time/total" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    assert train[0]["train/kl"] == pytest.approx(0.0, abs=1e-6) and train[1]["train/kl"] > 1e-6
+    # the lr each step trained with: optimizer steps 0 and 1 of the recipe's cosine (1.0x, then 0.625x of the peak)
+    cosine = SchedulerConfig(kind="cosine", total_steps=2, min_lr_ratio=0.25)
+    assert [r["train/learning_rate"] for r in train] == pytest.approx([1e-3 * lr_multiplier(k, cosine) for k in (0, 1)])
+    assert train[1]["train/learning_rate"] == pytest.approx(6.25e-4)
+
+
 def test_trl_mirror_refuses_what_it_cannot_reproduce(tmp_path, capsys):
     pytest.importorskip("trl")
     trl_script = load_script("bench/trl_grpo_arith.py")
@@ -424,6 +457,8 @@ def test_the_warmup_and_kl_cells_of_docs_learning_come_from_their_kept_cells():
             "| the same + KL 0.04 (256 prompts), seed 0 | 76 (30.0) | 0.043 | **0.629** | **0.621** | **0.672** | **4.4** | 23.8 | 0.97 | **5.5** |"),
         ("fw05_kl", "grpo-s1"): ((0.703125, 0.703125, 0.668, 69), 2.0, 15.7,
             "| the same + KL 0.04 (256 prompts), seed 1 | 69 (30.4) | 0.043 | **0.703** | **0.703** | **0.668** | 5.1 | 15.7 | **0.64** | **2.0** |"),
+        ("fw05_kl08", "grpo-s0"): ((0.6953125, 0.65234375, 0.723, 70), 13.3, 22.0,
+            "| the same + KL 0.08 (256 prompts), seed 0 | 70 (30.4) | 0.043 | 0.695 | 0.652 | **0.723** | **4.4** | 22.0 | 0.90 | 13.3 |"),
     }
     for (folder, name), (numbers, drop, minutes, row) in rows.items():
         run = learning.read_run(kept / folder / name)
@@ -444,9 +479,39 @@ def test_the_warmup_and_kl_cells_of_docs_learning_come_from_their_kept_cells():
     assert all(0.3 < r["train/kl"] < 0.55 for r in trained if r["step"] >= 5)
     drops = drops_below_running_best(learning.read_run(kept / "fw05_kl" / "grpo-s0"))
     assert max(d for s, d in drops if s > 20) == 3.1 and max(d for s, d in drops if s >= 30) == 1.6
+    # twice the KL: the same seed falls further (0.598 at step 15 -> 0.465 at step 30), the entropy stays ~7x higher
+    drops = dict(drops_below_running_best(learning.read_run(kept / "fw05_kl08" / "grpo-s0")))
+    assert (drops[20], drops[30], drops[70]) == (8.6, 13.3, 0.0)
+
+    def late_entropy(folder):
+        rows = read_jsonl_metrics(kept / folder / "grpo-s0" / "metrics.jsonl")
+        return [r["train/entropy"] for r in rows if "train/entropy" in r and r["step"] > 50]
+
+    assert max(late_entropy("fw05_kl")) < 0.03 < 0.06 < min(late_entropy("fw05_kl08"))
 
 
 def drops_below_running_best(run) -> list[tuple[int, float]]:
     """(step, points below the best validation so far, to 0.1) at each validation of a kept cell."""
     best = [max(run.accuracy[:i + 1]) for i in range(len(run.accuracy))]
     return [(s, round(100 * (b - a), 1)) for s, a, b in zip(run.steps, run.accuracy, best)]
+
+
+def test_the_main_recipes_30_step_curve_of_docs_grpo_comes_from_its_kept_metrics():
+    """docs/grpo.md's measured table (the README's command on the recipe as committed): every row from the kept
+    metrics, and the recipe's settings in force (the KL term logged, the cosine's lr at step 30)."""
+    rows = read_jsonl_metrics(ROOT / "docs" / "learning" / "main_recipe_30_steps" / "metrics.jsonl")
+    train = {r["step"]: r for r in rows if "train/accuracy" in r}
+    val = {r["step"]: r for r in rows if "val/accuracy" in r}
+    assert sorted(train) == list(range(1, 31)) and sorted(val) == list(range(0, 31, 5))
+    since_start = dict(zip(sorted(train), itertools.accumulate(train[s]["train/time/total"] for s in sorted(train))))
+    doc = (ROOT / "docs" / "grpo.md").read_text()
+    for step in (0, 1, 2, 4, 5, 8, 10, 15, 20, 25, 30):
+        cells = [str(step), str(round(since_start.get(step, 0.0)))]
+        cells += [f"**{val[step]['val/accuracy']:.3f}**", f"{val[step]['val/reward/format']:.3f}"] if step in val else ["", ""]
+        cells += [f"{train[step][k]:.3f}" for k in ("train/accuracy", "train/reward/format")] if step in train else ["", ""]
+        assert " ".join(("| " + " | ".join(cells) + " |").split()) in doc, step  # empty cells: "| |"
+    from rl_backends_train.optim import lr_multiplier
+
+    cosine = load_config(GRPORunConfig, recipe_path("grpo_arithmetic_smollm2.yaml"), []).policy.scheduler
+    assert train[30]["train/lr"] == pytest.approx(3e-5 * lr_multiplier(29, cosine))
+    assert all(0.3 < train[s]["train/kl"] < 0.5 for s in range(5, 31))

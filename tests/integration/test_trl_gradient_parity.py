@@ -1,12 +1,15 @@
 """One GRPO step on the same episodes has TRL's gradient: our pipeline (episodes -> batch -> group advantages ->
 the DTensor policy's packed forward and loss -> gradients) against TRL's GRPOTrainer._compute_loss on the same
 prompt and completion tokens, for each loss reduction bench/trl_grpo_arith.py maps (token: ``dapo``, sequence:
-``grpo``, constant: ``dr_grpo``). This is why docs/learning.md can compare the two libraries' curves: per step they
-make the same update, so what differs is the samples each draws."""
+``grpo``, constant: ``dr_grpo``), with the main recipe's KL term to a reference model (TRL's ``beta``, k3; both sides
+get the same reference logprobs, a little off the policy's so that the KL has a gradient). This is why docs/learning.md
+can compare the two libraries' curves: per step they make the same update, so what differs is the samples each
+draws."""
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -45,7 +48,13 @@ def episodes(eos: int):
     return out
 
 
-def our_gradients(cfg, model_path: str, eos: int, pad: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def reference_logprob(row: int, position: int, vocab_size: int) -> float:
+    """The reference model's logprob of completion token ``position`` of ``row``: near a random tiny model's own
+    (-log V), 0.3 above or below it in turn, so that every token's KL term is small but not zero."""
+    return -math.log(vocab_size) + (0.3 if (row + position) % 2 else -0.3)
+
+
+def our_gradients(cfg, model_path: str, eos: int, pad: int, vocab_size: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     from rl_algorithms.grpo.rewards import compute_rewards_and_advantages
     from rl_algorithms.rollout import episodes_to_batch
     from rl_backends_train import build_training_backend
@@ -53,6 +62,10 @@ def our_gradients(cfg, model_path: str, eos: int, pad: int) -> tuple[dict[str, t
     eps = episodes(eos)
     batch = episodes_to_batch(eps, pad)
     compute_rewards_and_advantages(eps, batch, cfg.grpo, cfg.loss)
+    batch["ref_logprobs"] = torch.zeros_like(batch["gen_logprobs"])  # [B, T], aligned with the tokens
+    for row, ep in enumerate(eps):
+        for position in range(len(ep.token_ids) - ep.prompt_length):
+            batch["ref_logprobs"][row, ep.prompt_length + position] = reference_logprob(row, position, vocab_size)
     policy = build_training_backend(cfg.policy, model_path, seed=0)
     try:
         worker = policy.group._local.worker
@@ -72,7 +85,7 @@ def our_gradients(cfg, model_path: str, eos: int, pad: int) -> tuple[dict[str, t
     return grads, batch["advantages"]
 
 
-def trl_gradients(cfg, model_path: str, tokenizer, tmp_path: Path) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def trl_gradients(cfg, model_path: str, tokenizer, tmp_path: Path, vocab_size: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """TRL's loss on the same tokens, with the inputs GRPOTrainer builds: left-padded prompts, right-padded
     completions masked after the first EOS, group-normalised advantages (its formula, std + 1e-4)."""
     from datasets import Dataset
@@ -99,7 +112,9 @@ def trl_gradients(cfg, model_path: str, tokenizer, tmp_path: Path) -> tuple[dict
     advantages = (rewards - rewards.mean(dim=1, keepdim=True)) / (rewards.std(dim=1, keepdim=True) + 1e-4)
     inputs = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
               "completion_mask": completion_mask, "advantages": advantages.flatten(),
-              "num_items_in_batch": completion_mask.sum()}
+              "num_items_in_batch": completion_mask.sum(),
+              "ref_per_token_logps": torch.tensor([[reference_logprob(row, position, vocab_size) for position in range(width)]
+                                                   for row in range(rows)])}
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer's training loop, which this skips
     trainer._compute_loss(trainer.model, inputs).backward()
@@ -109,18 +124,19 @@ def trl_gradients(cfg, model_path: str, tokenizer, tmp_path: Path) -> tuple[dict
 @pytest.mark.parametrize("reduction", ["token", "sequence", "constant"])
 def test_one_step_on_the_same_episodes_has_trls_gradient(tmp_path, tiny_model_dir, reduction):
     pytest.importorskip("trl")
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     mirror = load_trl_mirror()
-    # The main job's settings (temperature 0.7, clip 0.2 / 0.28, std-normalised group advantages, packing with
-    # shared prompts), on the tiny model; no clipping of the gradient norm, so the raw gradients compare.
+    # The main job's settings (temperature 0.7, clip 0.2 / 0.28, std-normalised group advantages, KL 0.04, packing
+    # with shared prompts), on the tiny model; no clipping of the gradient norm, so the raw gradients compare.
     cfg = mirror.load_recipe("grpo_arithmetic_smollm2.yaml", [
         f"model={tiny_model_dir}", f"loss.reduction={reduction}", "grpo.batch_size=2",
         "grpo.num_generations_per_prompt=3", f"grpo.max_new_tokens={MAX_NEW_TOKENS}", "policy.max_grad_norm=null"])
-    assert not mirror.unsupported(cfg)
+    assert not mirror.unsupported(cfg) and cfg.loss.kl_coef == 0.04
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    ours, our_advantages = our_gradients(cfg, tiny_model_dir, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    theirs, their_advantages = trl_gradients(cfg, tiny_model_dir, tokenizer, tmp_path)
+    vocab_size = AutoConfig.from_pretrained(tiny_model_dir).vocab_size
+    ours, our_advantages = our_gradients(cfg, tiny_model_dir, tokenizer.eos_token_id, tokenizer.pad_token_id, vocab_size)
+    theirs, their_advantages = trl_gradients(cfg, tiny_model_dir, tokenizer, tmp_path, vocab_size)
 
     torch.testing.assert_close(our_advantages, their_advantages, rtol=2e-4, atol=2e-4)  # TRL's std + 1e-4
     assert set(ours) == set(theirs)
