@@ -515,3 +515,30 @@ def test_the_main_recipes_30_step_curve_of_docs_grpo_comes_from_its_kept_metrics
     cosine = load_config(GRPORunConfig, recipe_path("grpo_arithmetic_smollm2.yaml"), []).policy.scheduler
     assert train[30]["train/lr"] == pytest.approx(3e-5 * lr_multiplier(29, cosine))
     assert all(0.3 < train[s]["train/kl"] < 0.5 for s in range(5, 31))
+
+
+def test_the_main_recipes_three_seeds_of_docs_learning_come_from_their_kept_cells():
+    """The main recipe's settings over three seeds (docs/learning.md): seed 2 from the recipe as committed (its
+    command sets none of the three settings), seeds 0 and 1 the KL cells; each holds >= 0.55 at 30 minutes, one
+    stays within 5 points of its running best after step 15."""
+    kept = ROOT / "docs" / "learning"
+    cell = kept / "main_recipe" / "grpo_arithmetic_smollm2-s2"
+    argv = json.loads((cell / "cell.json").read_text())["argv"]
+    assert argv[:4] == ["rl", "grpo", "--config", "grpo_arithmetic_smollm2"]
+    assert not any(a.startswith(("env.", "policy.scheduler", "loss.")) for a in argv)
+    cfg = load_config(GRPORunConfig, recipe_path("grpo_arithmetic_smollm2.yaml"), argv[4:])
+    assert (cfg.env.kwargs["format_weight"], cfg.policy.scheduler.kind, cfg.loss.kl_coef) == (0.5, "cosine", 0.04)
+    trl_best = learning.trl_reference(learning.read_sweep(kept / "main"))[0]
+    seed2 = learning.read_run(cell)
+    assert (max(seed2.accuracy), seed2.at_budget(30), round(seed2.test_accuracy, 3), seed2.steps[-1]) == \
+        (0.609375, 0.59765625, 0.68, 68)
+    assert round(seed2.max_drop_after(15), 1) == 21.5 and round(seed2.minutes_to(trl_best), 1) == 30.4
+    runs = [learning.read_run(kept / "fw05_kl" / "grpo-s0"), learning.read_run(kept / "fw05_kl" / "grpo-s1"), seed2]
+    assert min(r.at_budget(30) for r in runs) > 0.55
+    assert sorted(round(r.max_drop_after(15), 1) for r in runs) == [2.0, 5.5, 21.5]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    assert (round(mean([r.at_budget(30) for r in runs]), 3), round(mean([r.test_accuracy for r in runs]), 3)) == (0.641, 0.673)
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert "| seed 2 (the recipe itself) | 68 (30.4) | 0.043 | 0.609 | 0.598 | 0.680 | 7.2 | 30.4 | 1.24 | 21.5 |" in doc
+    assert "| mean (min-max) over seeds 0, 1 (the KL cells above) and 2 | 71 (30.0-30.4) | 0.043 | 0.647 (0.609-0.703) " \
+           "| **0.641** (0.598-0.703) | **0.673** (0.668-0.680) |" in doc
