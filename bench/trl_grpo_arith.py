@@ -11,7 +11,9 @@ sequence: ``grpo``, constant: ``dr_grpo``), the std normalisation of the group a
 initial model (``loss.kl_coef``: TRL's ``beta``, both the k3 estimator added to each token's loss; TRL's
 bias correction of the KL, a factor that is 1 but carries a gradient, is turned off so the gradient is ours)
 and the lr schedule (``policy.scheduler``: the trainer's scheduler is rl-backends-train's own warmup / cosine,
-counted in optimizer steps).
+counted in optimizer steps; TRL steps on every batch, where `rl grpo` skips a batch without signal and its
+schedule with it, which with a KL term never happens). Our KL clamps the log ratio to +-20 and each token's
+estimate to 10, TRL's does not: the two differ only for tokens that far from the reference.
 Held-out accuracy is measured as `rl grpo` measures it: greedy answers to the recipe's validation prompts
 (``grpo.val_num_prompts``, the same prompts), graded by ``val_env`` and counted by rl-eval's rule (the
 ``correct`` component >= 0.5), before the first step and every ``grpo.val_every`` steps; after the last step
