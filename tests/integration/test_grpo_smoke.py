@@ -20,7 +20,8 @@ def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("grpo-smoke")
     os.environ.setdefault("RL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "rl-cache"))
     code = main(["grpo", "--config", SMOKE, f"output_dir={out}", "grpo.max_steps=3", "grpo.val_every=3",
-                 "logger.progress_bar=false", "val_env.name=arithmetic", "val_env.kwargs.answer_format=boxed"])
+                 "logger.progress_bar=false", "val_env.name=arithmetic", "val_env.kwargs.answer_format=boxed",
+                 "data.test_size=8", "grpo.test_at_end=true", "grpo.test_num_prompts=8"])
     assert code == 0
     return out
 
@@ -63,6 +64,22 @@ def test_smoke_recipe_logs_example_generations(smoke_run):
         assert set(r["reward_components"]) == {"digits", "any_digit"}
         assert isinstance(r["reward"], float) and r["env_error"] is None
     assert sorted(p.name for p in (smoke_run / "checkpoints").iterdir()) == ["step_000003"]
+
+
+def test_each_evaluation_records_its_outcome_per_prompt(smoke_run):
+    """validation.jsonl: one line per validation and one for the test at the end, whose per-prompt
+    correctness averages to the logged accuracy; the answers are what grading extracted."""
+    import json
+
+    records = read_jsonl_metrics(smoke_run / "metrics.jsonl")
+    lines = [json.loads(line) for line in (smoke_run / "validation.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["split"]) for r in lines] == [(0, "validation"), (3, "validation"), (3, "test")]
+    logged = {(r["step"], "validation"): r["val/accuracy"] for r in records if "val/accuracy" in r}
+    logged |= {(r["step"], "test"): r["test/accuracy"] for r in records if "test/accuracy" in r}
+    for r in lines:
+        assert len(r["correct"]) == len(r["answers"]) == 8 and set(r["correct"]) <= {"0", "1"}
+        assert r["correct"].count("1") / 8 == pytest.approx(logged[r["step"], r["split"]])
+        assert all(a is None or isinstance(a, str) for a in r["answers"])
 
 
 def test_native_fp32_generation_matches_training_logprobs(smoke_run):

@@ -52,6 +52,19 @@ def test_example_generations_go_to_samples_jsonl(tmp_path):
         metrics.log_samples([{"a": 1}], step=6)
 
 
+def test_evaluation_outcomes_go_to_validation_jsonl(tmp_path):
+    metrics = MetricsLogger(LoggerConfig(tensorboard=False, stdout=False, plot=False), tmp_path)
+    metrics.log_validation({"split": "validation", "correct": "10", "answers": ["4", None]}, step=0)
+    metrics.log_validation({"split": "test", "correct": "11", "answers": ["4", "5"]}, step=5.0)
+    metrics.close()
+    rows = [json.loads(line) for line in (tmp_path / "validation.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert rows == [{"step": 0, "split": "validation", "correct": "10", "answers": ["4", None]},
+                    {"step": 5, "split": "test", "correct": "11", "answers": ["4", "5"]}]
+    assert not (tmp_path / "samples.jsonl").exists()
+    with pytest.raises(RuntimeError, match=r"log_validation\(\) after close"):
+        metrics.log_validation({"split": "test"}, step=6)
+
+
 def test_jsonl_appends_on_resume_and_skips_a_torn_last_line(tmp_path):
     cfg = LoggerConfig(tensorboard=False, stdout=False, plot=False)
     with MetricsLogger(cfg, tmp_path) as metrics:
@@ -140,12 +153,15 @@ def test_resume_cuts_every_per_step_file_back_to_the_checkpoint(tmp_path):
         log_like_the_supervised_loops(metrics, range(0, 8))
         for step in range(0, 8):
             metrics.log_samples([{"prompt": f"p{step}"}], step)
-    before = {name: (tmp_path / name).read_bytes().splitlines(keepends=True) for name in ("metrics.jsonl", "samples.jsonl")}
+            metrics.log_validation({"split": "validation", "correct": "1"}, step)
+    before = {name: (tmp_path / name).read_bytes().splitlines(keepends=True)
+              for name in ("metrics.jsonl", "samples.jsonl", "validation.jsonl")}
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"step": 8, "train/lo')  # and torn mid-write
     with MetricsLogger(cfg, tmp_path, resume_from_step=5) as metrics:  # resumed from the checkpoint of step 5
         assert (tmp_path / "metrics.jsonl").read_bytes() == b"".join(before["metrics.jsonl"][:6])
         assert (tmp_path / "samples.jsonl").read_bytes() == b"".join(before["samples.jsonl"][:6])
+        assert (tmp_path / "validation.jsonl").read_bytes() == b"".join(before["validation.jsonl"][:6])
         log_like_the_supervised_loops(metrics, range(6, 8))
     resumed = read_jsonl_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in resumed] == list(range(8))

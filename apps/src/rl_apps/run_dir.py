@@ -2,8 +2,8 @@
 
 A run owns these names in its ``output_dir``, and nothing else there::
 
-    run.json  config.yaml  metrics.jsonl  samples.jsonl  metrics.png  tensorboard/  wandb/  mlflow.db
-    mlartifacts/  checkpoints/  hf/  hf_best/  adapter/  data/<synthetic files>
+    run.json  config.yaml  metrics.jsonl  samples.jsonl  validation.jsonl  metrics.png  tensorboard/  wandb/
+    mlflow.db  mlartifacts/  checkpoints/  hf/  hf_best/  adapter/  data/<synthetic files>
 
 plus the ``step_*`` checkpoints of its checkpoint directory when ``checkpointing.dir`` puts them elsewhere.
 
@@ -35,8 +35,8 @@ from typing import Any
 from rl_core.config import ConfigError, ConfigProblem
 
 RUN_FILE = "run.json"
-OWNED_NAMES = ("run.json", "config.yaml", "metrics.jsonl", "samples.jsonl", "metrics.png", "tensorboard", "wandb",
-               "mlflow.db", "mlartifacts", "checkpoints", "hf", "hf_best", "adapter")
+OWNED_NAMES = ("run.json", "config.yaml", "metrics.jsonl", "samples.jsonl", "validation.jsonl", "metrics.png",
+               "tensorboard", "wandb", "mlflow.db", "mlartifacts", "checkpoints", "hf", "hf_best", "adapter")
 """What a run writes into its output directory (its synthetic data files come on top)."""
 _FORBIDDEN_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
 """Pseudo file systems: an output directory there is a typo, never a place for a run."""

@@ -8,12 +8,16 @@ length limits, the environment runner), and rl-eval turns the graded episodes in
   when it has none, is at least 0.5), with ``reward_mean``, ``response_length_mean``,
   ``truncated_fraction`` and ``reward/<name>`` of the greedy episodes;
 * ``pass@k`` (``grpo.val_pass_k > 1``): from k samples per prompt at the training temperature.
+
+With ``log`` (the run's ``MetricsLogger.log_validation``), each evaluation also records which prompts the
+greedy answers got right and what they answered, one line of ``validation.jsonl`` per evaluation: a fall
+in accuracy can then be read as the same prompts going wrong (the policy changed) or others.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rl_algorithms.grpo import GRPOConfig
@@ -21,14 +25,16 @@ from rl_algorithms.loop import Metrics, Validate
 from rl_algorithms.rollout import run_rollouts
 from rl_apps.run_setup import stop_tokens
 from rl_core.types import PromptSample, SamplingParams
-from rl_eval import SampleResult, evaluate_rollouts, graded_sample
+from rl_eval import EvalReport, SampleResult, evaluate_rollouts, graded_sample
 
 _PASS_K_SEED_STRIDE = 31337
 
 
 def make_validate_fn(grpo: GRPOConfig, seed: int, generation: Any, tokenizer: Any, val_data: list[PromptSample],
-                     environment: Any, env_runner: Any = None) -> Validate:
-    """``validate(step) -> metrics`` on ``val_data``. ``env_runner``: where ``environment`` runs (None: threads)."""
+                     environment: Any, env_runner: Any = None, *, split: str = "validation",
+                     log: Callable[[dict[str, Any], int], None] | None = None) -> Validate:
+    """``validate(step) -> metrics`` on ``val_data``. ``env_runner``: where ``environment`` runs (None: threads).
+    ``log(record, step)``: receives each evaluation's greedy outcome per prompt (``outcome_record``)."""
 
     def rollout(items: Sequence[PromptSample], sampling: SamplingParams) -> list[list[SampleResult]]:
         n = sampling.n
@@ -42,17 +48,27 @@ def make_validate_fn(grpo: GRPOConfig, seed: int, generation: Any, tokenizer: An
         common = dict(max_new_tokens=grpo.max_new_tokens, stop_token_ids=stop_tokens(tokenizer),
                       stop_strings=tuple(grpo.stop_strings))
         greedy = evaluate_rollouts(rollout, val_data, SamplingParams(temperature=0.0, **common), [1],
-                                   dataset_name="validation")
+                                   dataset_name=split)
+        if log is not None:
+            log(outcome_record(split, greedy), step)
         metrics = {"accuracy": greedy.metrics["pass@1"], **greedy.sample_metrics()}
         k = grpo.val_pass_k
         if k > 1:
             sampling = SamplingParams(temperature=grpo.temperature, top_p=grpo.top_p, top_k=grpo.top_k, n=k,
                                       seed=seed + _PASS_K_SEED_STRIDE * (step + 1), **common)
             metrics[f"pass@{k}"] = evaluate_rollouts(rollout, val_data, sampling, [k],
-                                                     dataset_name="validation").metrics[f"pass@{k}"]
+                                                     dataset_name=split).metrics[f"pass@{k}"]
         return metrics
 
     return validate
+
+
+def outcome_record(split: str, report: EvalReport) -> dict[str, Any]:
+    """One evaluation's greedy outcome per prompt, in the order of the split: ``correct`` as a string of 0/1
+    (compact: 256 prompts are 256 characters) and each answer as grading extracted it (None: no answer)."""
+    samples = [item.samples[0] for item in report.items]
+    return {"split": split, "correct": "".join("1" if s.correct else "0" for s in samples),
+            "answers": [s.answer for s in samples]}
 
 
 def episode_result(episode: Any) -> SampleResult:

@@ -115,11 +115,12 @@ def run(cfg: GRPORunConfig) -> int:
         env_runner = run.closing(cfg.grpo.env_runner.build(environment))
         val_runner = env_runner if val_environment is environment else None  # a separate val_env runs in threads
 
-        def evaluate_on(split):  # validation and the test at the end are graded alike
+        def evaluate_on(split, name):  # validation and the test at the end are graded alike
             return None if split is None else make_validate_fn(cfg.grpo, cfg.seed, generation, tokenizer,
-                                                               split.items, val_environment, val_runner)
+                                                               split.items, val_environment, val_runner,
+                                                               split=name, log=run.logger.log_validation)
 
-        validate, test_fn = evaluate_on(val), evaluate_on(test)
+        validate, test_fn = evaluate_on(val, "validation"), evaluate_on(test, "test")
         grpo_train(cfg.grpo, cfg.loss, policy, generation, tokenizer, train.items, environment, logger=run.logger,
                    checkpointer=run.checkpointer, validate_fn=validate, seed=cfg.seed, env_runner=env_runner,
                    test_fn=test_fn)

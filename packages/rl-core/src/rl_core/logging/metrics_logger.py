@@ -18,6 +18,9 @@ logger = logging.getLogger(__name__)
 JSONL_NAME = "metrics.jsonl"
 PLOT_NAME = "metrics.png"
 SAMPLES_NAME = "samples.jsonl"
+VALIDATION_NAME = "validation.jsonl"
+PER_STEP_FILES = (JSONL_NAME, SAMPLES_NAME, VALIDATION_NAME)
+"""The JSONL files of a run with one ``step`` per line: a resumed run cuts each back to its checkpoint."""
 
 
 class MetricsLogger:
@@ -71,15 +74,15 @@ class MetricsLogger:
             self._sinks["mlflow"] = MlflowSink(self.cfg.mlflow, self.run_dir, hparams)
 
     def resume_from_step(self, step: int) -> None:
-        """A run resumed from the checkpoint of ``step``: cut ``metrics.jsonl`` and ``samples.jsonl``
-        back to it (lines of later steps dropped, the rest byte for byte, each file replaced
+        """A run resumed from the checkpoint of ``step``: cut ``metrics.jsonl``, ``samples.jsonl`` and
+        ``validation.jsonl`` back to it (lines of later steps dropped, the rest byte for byte, each file replaced
         atomically) and hide TensorBoard's later events, so that the files of the resumed run equal
         those of a run never interrupted. Call it before logging any step after ``step``. W&B and
         MLflow start a new run of their own."""
         jsonl = self._sinks.pop("jsonl", None)
         if jsonl is not None:
             jsonl.close()
-        dropped = cut_after_step(self.jsonl_path, step) + cut_after_step(self.run_dir / SAMPLES_NAME, step)
+        dropped = sum(cut_after_step(self.run_dir / name, step) for name in PER_STEP_FILES)
         if jsonl is not None:
             self._sinks["jsonl"] = JsonlWriter(self.jsonl_path)
         if "tensorboard" in self._sinks:
@@ -107,19 +110,28 @@ class MetricsLogger:
     def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
         """Append example generations of ``step`` (JSON-serialisable dicts, e.g. prompt, response,
         reward) to ``<run_dir>/samples.jsonl``, one line each with ``step`` added."""
+        self._append(SAMPLES_NAME, samples, step, "log_samples")
+
+    def log_validation(self, record: dict[str, Any], step: int) -> None:
+        """Append one evaluation's outcome per prompt at ``step`` (a JSON-serialisable dict, e.g. the
+        split, which prompts were right, their answers) to ``<run_dir>/validation.jsonl`` as one line
+        with ``step`` added: whether a fall in accuracy is the same prompts going wrong or others."""
+        self._append(VALIDATION_NAME, [record], step, "log_validation")
+
+    def _append(self, name: str, records: list[dict[str, Any]], step: int, method: str) -> None:
         if self._closed:
-            raise RuntimeError("MetricsLogger.log_samples() after close()")
-        if not samples:
+            raise RuntimeError(f"MetricsLogger.{method}() after close()")
+        if not records:
             return
 
         step = _whole(step)
 
         def write() -> None:
-            with open(self.run_dir / SAMPLES_NAME, "a", encoding="utf-8") as f:
-                for sample in samples:
-                    f.write(json.dumps({"step": step, **sample}, ensure_ascii=False, default=str) + "\n")
+            with open(self.run_dir / name, "a", encoding="utf-8") as f:
+                for record in records:
+                    f.write(json.dumps({"step": step, **record}, ensure_ascii=False, default=str) + "\n")
 
-        self._guarded_call("samples.jsonl", write)
+        self._guarded_call(name, write)
 
     def _guarded_call(self, name: str, fn) -> None:
         if name in self._warned:
@@ -127,7 +139,7 @@ class MetricsLogger:
         try:
             fn()
         except OSError as e:
-            self._warn_once(name, f"writing {name} failed ({e}); no more samples are written")
+            self._warn_once(name, f"writing {name} failed ({e}); nothing more is written to it")
 
     def _to_floats(self, metrics: dict[str, Any]) -> dict[str, float]:
         out = {}
