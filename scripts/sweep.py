@@ -13,7 +13,7 @@ TRL's GRPOTrainer on the same task (``python bench/trl_grpo_arith.py --recipe <t
 <out>/trl-s<seed> <--set ...>``), written in the same format.
 
 Cells run one at a time: they share the machine's cores, and their wall times are what is compared. Each
-cell directory keeps its ``metrics.jsonl`` (and ``metrics.png``, ``samples.jsonl``, ``config.yaml``),
+cell directory keeps its ``metrics.jsonl`` (and ``metrics.png``, ``samples.jsonl``, ``validation.jsonl``, ``config.yaml``),
 ``cell.json`` (preset, seed, task, library, the command as given to a shell) and ``run.log``. A cell whose
 ``metrics.jsonl`` already holds ``test/*`` metrics is finished and skipped (``--redo`` runs it again), so an
 interrupted sweep continues where it stopped. bench/learning.py reads the cells into the table and plots.
