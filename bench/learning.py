@@ -14,7 +14,10 @@ on both libraries). Per preset, over its seeds (mean, and min-max as the spread)
 * the wall time to first reach ``--target``, and to reach TRL's best held-out accuracy (with TRL's own
   time to its best, and the ratio), when the sweep has TRL cells;
 * the largest drop below the running best after ``--drop-after-step`` (points);
-* held-out accuracy per validation step and per ``--every-min`` minutes (two more tables).
+* held-out accuracy per validation step and per ``--every-min`` minutes (two more tables);
+* for cells that kept ``validation.jsonl``: how many prompts change outcome from one validation to the next
+  after ``--churn-from-step``, and how often 3,000 simulated curves with that churn and no trend fall more than
+  ``--drop-pts`` below their running best (a table; what a cell's falls are read against).
 
 Prints the markdown (and writes it with ``--markdown``); ``--plot`` draws held-out accuracy vs step and vs
 wall time, one line per preset (mean over seeds, the band its min-max).
@@ -49,6 +52,8 @@ class Run:
     test_accuracy: float | None = None
     last_step: int = 0
     total_minutes: float = 0.0
+    outcomes: list[str] = field(default_factory=list)
+    """Per validation (when the cell kept ``validation.jsonl``): which prompts were right, a 0/1 string."""
 
     def at_budget(self, budget_min: float) -> float | None:
         """Held-out accuracy of the last validation within the budget."""
@@ -67,6 +72,41 @@ class Run:
             if s > step:
                 drop = max(drop, best - a)
         return 100 * drop
+
+    def flips(self, from_step: int) -> list[tuple[int, int, int]]:
+        """(step, prompts right at the validation before and wrong now, wrong before and right now) for each
+        validation after ``from_step`` that comes the usual interval after the one before it ([] without
+        ``validation.jsonl``)."""
+        if len(self.outcomes) != len(self.steps) or len(self.steps) < 2:
+            return []
+        gaps = [b - a for a, b in zip(self.steps, self.steps[1:])]
+        interval = statistics.mode(gaps)
+        out = []
+        for (a, before), (b, now) in zip(zip(self.steps, self.outcomes), zip(self.steps[1:], self.outcomes[1:])):
+            if a >= from_step and b - a == interval:
+                out.append((b, sum(x == "1" and y == "0" for x, y in zip(before, now)),
+                            sum(x == "0" and y == "1" for x, y in zip(before, now))))
+        return out
+
+
+def no_trend_dips(prompts: int, churn: float, accuracy: float, validations: int, runs: int = 3000,
+                  seed: int = 0) -> list[float]:
+    """The largest fall below the running best (points) of ``runs`` simulated validation curves with no trend:
+    ``prompts`` prompts, each a two-state chain (right / wrong) that stays at ``accuracy`` on average and changes
+    so that ``churn`` prompts change outcome between two validations, validated ``validations`` times. What
+    per-prompt churn alone does to a curve: a cell's falls are read against it."""
+    import numpy as np
+
+    leave = churn / prompts / (2 * accuracy)  # churn = 2 p P(right -> wrong) at the stationary accuracy p
+    rng = np.random.default_rng(seed)
+    state = rng.random((runs, prompts)) < accuracy
+    curves = [state.mean(1)]
+    for _ in range(validations - 1):
+        u = rng.random(state.shape)
+        state = np.where(state, u >= leave, u < leave * accuracy / (1 - accuracy))
+        curves.append(state.mean(1))
+    acc = np.stack(curves, 1)
+    return (100 * (np.maximum.accumulate(acc, 1) - acc)[:, 1:].max(1)).tolist()
 
 
 def read_run(cell: Path) -> Run:
@@ -93,6 +133,10 @@ def read_run(cell: Path) -> Run:
         if "test/accuracy" in record:
             run.test_accuracy = record["test/accuracy"]
     run.total_minutes = seconds / 60
+    outcomes = cell / "validation.jsonl"
+    if outcomes.is_file():
+        lines = [json.loads(line) for line in outcomes.read_text().splitlines() if line.strip()]
+        run.outcomes = [r["correct"] for r in lines if r.get("split") == "validation"]
     return run
 
 
@@ -223,12 +267,39 @@ def plot(groups: dict[str, list[Run]], out_png: Path, title: str, budget_min: fl
     return out_png
 
 
+def churn_table(groups: dict[str, list[Run]], args: argparse.Namespace) -> list[str]:
+    """Per cell with ``validation.jsonl``: how many prompts change outcome between validations (after
+    ``--churn-from-step``), and how often a curve with that churn and no trend falls more than ``--drop-pts``
+    below its running best after ``--drop-after-step``."""
+    runs = [r for rs in groups.values() for r in rs if r.flips(args.churn_from_step)]
+    if not runs:
+        return []
+    lines = [f"Per-prompt churn (validation.jsonl): prompts that change outcome from one validation to the next "
+             f"after step {args.churn_from_step}, and a no-trend model with that churn (3,000 simulated curves):", "",
+             "| preset | seed | prompts | changing per validation | right -> wrong / wrong -> right (mean) | "
+             f"max drop after step {args.drop_after_step} (pts) | no trend: P(drop > {args.drop_pts:g}) | "
+             "no trend: mean max drop (pts) |", "|" + "---|" * 8]
+    for r in runs:
+        flips = r.flips(args.churn_from_step)
+        changing = [lost + gained for _, lost, gained in flips]
+        after = [a for s, a in zip(r.steps, r.accuracy) if s > args.drop_after_step]
+        dips = no_trend_dips(len(r.outcomes[0]), statistics.fmean(changing), statistics.fmean(after), len(after))
+        lines.append(f"| {r.preset} | {r.seed} | {len(r.outcomes[0])} | {spread(changing, '{:.1f}')} | "
+                     f"{statistics.fmean(f[1] for f in flips):.1f} / {statistics.fmean(f[2] for f in flips):.1f} | "
+                     f"{r.max_drop_after(args.drop_after_step):.1f} | "
+                     f"{sum(d > args.drop_pts for d in dips) / len(dips):.2f} | {statistics.fmean(dips):.1f} |")
+    return lines
+
+
 def report(folder: Path, args: argparse.Namespace) -> str:
     groups = read_sweep(folder)
     if not groups:
         raise SystemExit(f"learning: no cell with a metrics.jsonl under {folder}")
     lines = [f"### {args.title}", "", *summary_table(groups, args), "", *curve_tables(groups, args.every_min,
                                                                                       args.budget_min)]
+    churn = churn_table(groups, args)
+    if churn:
+        lines += ["", *churn]
     commands = [r.command for runs in groups.values() for r in runs if r.command]
     if commands:
         lines += ["", "Commands (one per cell):", "", "```", *commands, "```"]
@@ -242,6 +313,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-min", type=float, default=30.0, help="the wall-time budget compared at")
     parser.add_argument("--target", type=float, default=0.4, help="held-out accuracy whose time to reach is reported")
     parser.add_argument("--drop-after-step", type=int, default=15)
+    parser.add_argument("--drop-pts", type=float, default=5.0,
+                        help="the fall below the running best the no-trend model is asked about")
+    parser.add_argument("--churn-from-step", type=int, default=25,
+                        help="count prompts changing outcome between validations from this step (validation.jsonl)")
     parser.add_argument("--every-min", type=float, default=5.0)
     parser.add_argument("--plot", type=Path, help="write the PNG here (e.g. docs/img/learning_main.png)")
     parser.add_argument("--markdown", type=Path, help="also write the markdown here")

@@ -163,6 +163,33 @@ def test_report_table_means_spreads_and_trl_ratio(synthetic_sweep, tmp_path):
     assert (tmp_path / "img" / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_counts_the_prompts_that_change_outcome_and_reads_them_against_no_trend(tmp_path):
+    """A cell with validation.jsonl: prompts right before and wrong now (and back) between validations the usual
+    interval apart, and the no-trend model's falls at that churn; a cell without the file has no such row."""
+    write_cell(tmp_path, "grpo", 0, [0.25, 0.5, 0.5], 60.0, 0.5)
+    write_cell(tmp_path, "dapo", 0, [0.25, 0.5, 0.75], 60.0, 0.5)
+    outcomes = ["10000000", "11110000", "00111100"]  # 0 -> 5: 3 gained; 5 -> 10: 2 lost, 2 gained
+    (tmp_path / "grpo-s0" / "validation.jsonl").write_text("".join(
+        json.dumps({"step": step, "split": "validation", "correct": c}) + "\n" for step, c in zip((0, 5, 10), outcomes))
+        + json.dumps({"step": 10, "split": "test", "correct": "1010"}) + "\n")
+    groups = learning.read_sweep(tmp_path)
+    run = groups["grpo"][0]
+    assert run.outcomes == outcomes and groups["dapo"][0].outcomes == []
+    assert run.flips(0) == [(5, 0, 3), (10, 2, 2)] and run.flips(5) == [(10, 2, 2)]
+    assert groups["dapo"][0].flips(0) == []
+    args = learning.parse_args([str(tmp_path), "--churn-from-step", "5", "--drop-after-step", "0"])
+    table = learning.churn_table(groups, args)
+    dips = learning.no_trend_dips(8, 4.0, 0.5, 2)
+    assert table[-1] == f"| grpo | 0 | 8 | 4.0 | 2.0 / 2.0 | 0.0 | {sum(d > 5 for d in dips) / 3000:.2f} | " \
+                        f"{sum(dips) / 3000:.1f} |"
+    assert "Per-prompt churn" in learning.report(tmp_path, args)
+    # The model: no churn, no fall; more churn or fewer prompts, larger falls.
+    assert set(learning.no_trend_dips(256, 0.0, 0.65, 12, runs=50)) == {0.0}
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    assert mean(learning.no_trend_dips(256, 10, 0.65, 12)) < mean(learning.no_trend_dips(256, 40, 0.65, 12)) \
+        < mean(learning.no_trend_dips(128, 20, 0.65, 12))
+
+
 # ------------------------------------------------------------------------------------------------ TRL
 
 
@@ -575,27 +602,18 @@ def test_the_main_recipe_at_a_2e5_peak_lr_over_three_seeds_comes_from_its_kept_c
 
     lines = [json.loads(x) for x in (kept / "grpo_arithmetic_smollm2-s1" / "validation.jsonl").read_text().splitlines()]
     val = [r for r in lines if r["split"] == "validation"]
-    assert [r["step"] for r in val] == runs[1].steps
+    assert [r["step"] for r in val] == runs[1].steps and runs[1].outcomes == [r["correct"] for r in val]
     assert [r["correct"].count("1") / 256 for r in val] == runs[1].accuracy
     assert [r["split"] for r in lines].count("test") == 1 and lines[-1]["correct"].count("1") / 256 == runs[1].test_accuracy
-    pairs = [(a, b) for a, b in zip(val, val[1:]) if a["step"] >= 25 and b["step"] - a["step"] == 5]
-    lost = [sum(x == "1" and y == "0" for x, y in zip(a["correct"], b["correct"])) for a, b in pairs]
-    gained = [sum(x == "0" and y == "1" for x, y in zip(a["correct"], b["correct"])) for a, b in pairs]
-    churn = [g + lo for g, lo in zip(gained, lost)]
+    flips = runs[1].flips(25)  # validations 5 steps apart from step 25 (the last, 70 -> 72, left out)
+    assert [s for s, _, _ in flips] == list(range(30, 71, 5))
+    churn = [lost + gained for _, lost, gained in flips]
     assert (min(churn), max(churn), round(mean(churn), 1)) == (24, 56, 36.7)
-    at50 = [b["step"] for _, b in pairs].index(50)
-    assert (lost[at50], gained[at50]) == (25, 11)
+    assert dict((s, (lost, gained)) for s, lost, gained in flips)[50] == (25, 11)
     halves = [[r["correct"][i::2].count("1") / 128 for i in (0, 1)] for r in val if r["step"] in (45, 50)]
     assert [round(100 * (after - before), 1) for before, after in zip(*halves)] == [-5.5, -5.5]
-    # No trend, the measured flip rate: 256 two-state chains around 0.65, 12 validations, 3,000 runs.
-    rng = np.random.default_rng(0)
-    p, leave = 0.65, 36.7 / 256 / (2 * 0.65)  # churn = 2 p P(1 -> 0) at the stationary p
-    state = rng.random((3000, 256)) < p
-    acc = [state.mean(1)]
-    for _ in range(11):
-        u = rng.random(state.shape)
-        state = np.where(state, u >= leave, u < leave * p / (1 - p))
-        acc.append(state.mean(1))
-    acc = np.stack(acc, 1)
-    dip = 100 * (np.maximum.accumulate(acc, 1) - acc)[:, 1:].max(1)
+    # No trend, the measured churn: 256 two-state chains around 0.65, 12 validations, 3,000 runs.
+    dip = np.array(learning.no_trend_dips(256, 36.7, 0.65, 12))
     assert 0.66 < (dip > 5).mean() < 0.76 and 5.9 < dip.mean() < 6.9
+    assert "| grpo_arithmetic_smollm2 | 1 | 256 | 36.7 (24.0-56.0) | 16.6 / 20.1 | 5.5 | 0.71 | 6.4 |" in "\n".join(
+        learning.churn_table({"grpo_arithmetic_smollm2": list(runs.values())}, learning.parse_args(["x"])))
