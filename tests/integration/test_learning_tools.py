@@ -617,3 +617,37 @@ def test_the_main_recipe_at_a_2e5_peak_lr_over_three_seeds_comes_from_its_kept_c
     assert 0.66 < (dip > 5).mean() < 0.76 and 5.9 < dip.mean() < 6.9
     assert "| grpo_arithmetic_smollm2 | 1 | 256 | 36.7 (24.0-56.0) | 16.6 / 20.1 | 5.5 | 0.71 | 6.4 |" in "\n".join(
         learning.churn_table({"grpo_arithmetic_smollm2": list(runs.values())}, learning.parse_args(["x"])))
+
+
+def test_the_cispo_cell_with_two_optimizer_steps_a_batch_comes_from_its_kept_cell():
+    """docs/learning.md's CISPO cell: the preset with two minibatches (the cosine stretched to match), its row, its
+    bound hardly acting, and its answers running to the token cap without the KL term."""
+    kept = ROOT / "docs" / "learning"
+    cell = kept / "cispo_mb2" / "cispo-s0"
+    argv = json.loads((cell / "cell.json").read_text())["argv"]
+    assert argv[:5] == ["rl", "grpo", "--config", "cispo", "seed=0"]
+    cfg = load_config(GRPORunConfig, recipe_path("cispo.yaml"), argv[5:])
+    assert (cfg.loss.objective, cfg.loss.kl_coef, cfg.grpo.num_minibatches, cfg.policy.scheduler.total_steps,
+            cfg.policy.optimizer.lr, cfg.data.validation_size) == ("cispo", 0.0, 2, 220, 2e-5, 256)
+    trl_best = learning.trl_reference(learning.read_sweep(kept / "main"))
+    run = learning.read_run(cell)
+    assert (round(max(run.accuracy), 3), round(run.at_budget(30), 3), round(run.test_accuracy, 3), run.steps[-1],
+            round(run.max_drop_after(15), 1), round(run.minutes_to(0.4), 1)) == (0.641, 0.570, 0.629, 59, 16.8, 3.1)
+    reached = run.minutes_to(trl_best[0])
+    assert (round(reached, 1), round(reached / trl_best[1], 2)) == (8.7, 0.36)
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert "| CISPO, 2 optimizer steps a batch, seed 0 | 59 (30.5) | 0.043 | 0.641 | 0.570 | 0.629 | **3.1** | **8.7** " \
+           "| **0.36** | 16.8 |" in doc
+    rows = read_jsonl_metrics(cell / "metrics.jsonl")
+    train = [r for r in rows if "train/accuracy" in r]
+    lr = {r["step"]: r["train/lr"] for r in train if "train/lr" in r}
+    from rl_backends_train.optim import lr_multiplier
+
+    # Two optimizer steps a step (the mean of their lr logged); the skipped steps 20 and 35 took none.
+    assert lr[40] == pytest.approx(2e-5 * (lr_multiplier(74, cfg.policy.scheduler) + lr_multiplier(75, cfg.policy.scheduler)) / 2)
+    assert max(r["train/clip_fraction"] for r in train if "train/clip_fraction" in r) < 0.001
+    assert all(0.99 < r["train/ratio_mean"] < 1.01 for r in train if "train/ratio_mean" in r)
+    val = [r for r in rows if "val/truncated_fraction" in r]
+    assert val[0]["val/truncated_fraction"] < 0.5 and min(r["val/truncated_fraction"] for r in val[1:]) > 0.9
+    assert next(r for r in rows if "test/truncated_fraction" in r)["test/truncated_fraction"] == 1.0
+    assert (sum(r.get("train/skipped", 0.0) for r in train), len(train)) == (6, 59)
