@@ -651,3 +651,33 @@ def test_the_cispo_cell_with_two_optimizer_steps_a_batch_comes_from_its_kept_cel
     assert val[0]["val/truncated_fraction"] < 0.5 and min(r["val/truncated_fraction"] for r in val[1:]) > 0.9
     assert next(r for r in rows if "test/truncated_fraction" in r)["test/truncated_fraction"] == 1.0
     assert (sum(r.get("train/skipped", 0.0) for r in train), len(train)) == (6, 59)
+
+
+def test_the_cosine_sized_to_the_run_cell_of_docs_learning_comes_from_its_kept_cell():
+    """docs/learning.md's cosine over 75 steps to 0 (seed 2): its row, the lr it ran at, and its per-prompt churn
+    after step 25 (half the recipe's seed 1) through bench/learning.py's churn table."""
+    kept = ROOT / "docs" / "learning"
+    cell = kept / "main_cos75" / "grpo_arithmetic_smollm2-s2"
+    argv = json.loads((cell / "cell.json").read_text())["argv"]
+    assert argv[:5] == ["rl", "grpo", "--config", "grpo_arithmetic_smollm2", "seed=2"]
+    assert [a for a in argv if a.startswith(("env.", "policy.", "loss."))] == \
+        ["policy.scheduler.total_steps=75", "policy.scheduler.min_lr_ratio=0.0"]
+    cfg = load_config(GRPORunConfig, recipe_path("grpo_arithmetic_smollm2.yaml"), argv[5:])
+    from rl_backends_train.optim import lr_multiplier
+
+    lr = {r["step"]: r["train/lr"] for r in read_jsonl_metrics(cell / "metrics.jsonl") if "train/lr" in r}
+    assert all(lr[s] == pytest.approx(cfg.policy.optimizer.lr * lr_multiplier(s - 1, cfg.policy.scheduler)) for s in (1, 40, 60, 68))
+    assert (round(lr[40], 7), round(lr[60], 7)) == (9.4e-6, 2.2e-6)
+    trl_best = learning.trl_reference(learning.read_sweep(kept / "main"))
+    run = learning.read_run(cell)
+    assert (round(max(run.accuracy), 3), round(run.at_budget(30), 3), round(run.test_accuracy, 3), run.steps[-1],
+            round(run.max_drop_after(15), 1), round(run.minutes_to(0.4), 1)) == (0.691, 0.688, 0.664, 68, 13.7, 3.0)
+    assert round(run.minutes_to(trl_best[0]), 1) == 14.1 and round(run.max_drop_after(35), 1) == 5.5
+    assert [lost + gained for _, lost, gained in run.flips(5)] == [61, 76, 61, 36, 39, 16, 18, 22, 15, 13, 15, 3]
+    seed1 = learning.read_run(kept / "main_recipe_lr2e5" / "grpo_arithmetic_smollm2-s1")
+    table = "\n".join(learning.churn_table({"cos75": [run], "recipe": [seed1]}, learning.parse_args(["x"])))
+    assert "| grpo_arithmetic_smollm2 | 2 | 256 | 17.6 (3.0-39.0) | 6.4 / 11.2 | 13.7 | 0.37 | 4.5 |" in table
+    assert "| grpo_arithmetic_smollm2 | 1 | 256 | 36.7 (24.0-56.0) | 16.6 / 20.1 | 5.5 | 0.71 | 6.4 |" in table
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert "| cosine over 75 steps, to 0 | 68 (30.4) | 0.043 | 0.691 | **0.688** | 0.664 | 3.0 | 14.1 | 0.58 | 13.7 " \
+           "| **17.6** (3-39) |" in doc
