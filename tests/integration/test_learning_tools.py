@@ -621,7 +621,7 @@ def test_the_main_recipe_at_a_2e5_peak_lr_over_three_seeds_comes_from_its_kept_c
 
 def test_the_cispo_cell_with_two_optimizer_steps_a_batch_comes_from_its_kept_cell():
     """docs/learning.md's CISPO cell: the preset with two minibatches (the cosine stretched to match), its row, its
-    bound hardly acting, and its answers running to the token cap without the KL term."""
+    bound hardly acting, its answers running to the token cap, and the other cells' cap rates it is read against."""
     kept = ROOT / "docs" / "learning"
     cell = kept / "cispo_mb2" / "cispo-s0"
     argv = json.loads((cell / "cell.json").read_text())["argv"]
@@ -651,6 +651,17 @@ def test_the_cispo_cell_with_two_optimizer_steps_a_batch_comes_from_its_kept_cel
     assert val[0]["val/truncated_fraction"] < 0.5 and min(r["val/truncated_fraction"] for r in val[1:]) > 0.9
     assert next(r for r in rows if "test/truncated_fraction" in r)["test/truncated_fraction"] == 1.0
     assert (sum(r.get("train/skipped", 0.0) for r in train), len(train)) == (6, 59)
+
+    def capped_after_10(name):  # the largest share of validation answers cut at the token cap after step 10
+        return max(r["val/truncated_fraction"] for r in read_jsonl_metrics(kept / name / "metrics.jsonl")
+                   if "val/truncated_fraction" in r and r["step"] >= 10)
+    assert [round(capped_after_10(c), 2) for c in ("main/drgrpo-s0", "dapo_no_buffer/dapo-s0", "dapo_no_buffer/dapo-s1",
+                                                    "main/gspo-s0", "main/reinforce_pp-s0", "main/gdpo-s0")] == \
+        [1.0, 1.0, 1.0, 0.45, 0.42, 0.14]
+    assert max(capped_after_10(c) for c in ("main/grpo-s0", "main/grpo-s1", "fw05_cosine/grpo-s0")) < 0.02
+    assert max(capped_after_10(c) for c in ("fw05_kl/grpo-s0", "fw05_kl/grpo-s1", "main_recipe/grpo_arithmetic_smollm2-s2")) < 0.01
+    assert [round(capped_after_10(f"main_recipe_lr2e5/grpo_arithmetic_smollm2-s{s}"), 2) for s in (0, 1, 2)] == [0.11, 0.17, 0.02]
+    assert capped_after_10("main_cos75/grpo_arithmetic_smollm2-s2") == 0.0
 
 
 def test_the_cosine_sized_to_the_run_cell_of_docs_learning_comes_from_its_kept_cell():
