@@ -75,7 +75,7 @@ class Run:
 
     def flips(self, from_step: int) -> list[tuple[int, int, int]]:
         """(step, prompts right at the validation before and wrong now, wrong before and right now) for each
-        validation after ``from_step`` that comes the usual interval after the one before it ([] without
+        validation whose previous one is at or after ``from_step`` and the usual interval before it ([] without
         ``validation.jsonl``)."""
         if len(self.outcomes) != len(self.steps) or len(self.steps) < 2:
             return []
@@ -97,7 +97,12 @@ def no_trend_dips(prompts: int, churn: float, accuracy: float, validations: int,
     per-prompt churn alone does to a curve: a cell's falls are read against it."""
     import numpy as np
 
+    if not 0.0 < accuracy < 1.0:
+        raise ValueError(f"no_trend_dips: accuracy must be strictly between 0 and 1, got {accuracy}")
     leave = churn / prompts / (2 * accuracy)  # churn = 2 p P(right -> wrong) at the stationary accuracy p
+    if leave > 1.0 or leave * accuracy / (1 - accuracy) > 1.0:
+        raise ValueError(f"no_trend_dips: {churn} of {prompts} prompts changing is more than a chain around "
+                         f"{accuracy} can change")
     rng = np.random.default_rng(seed)
     state = rng.random((runs, prompts)) < accuracy
     curves = [state.mean(1)]
@@ -283,11 +288,16 @@ def churn_table(groups: dict[str, list[Run]], args: argparse.Namespace) -> list[
         flips = r.flips(args.churn_from_step)
         changing = [lost + gained for _, lost, gained in flips]
         after = [a for s, a in zip(r.steps, r.accuracy) if s > args.drop_after_step]
-        dips = no_trend_dips(len(r.outcomes[0]), statistics.fmean(changing), statistics.fmean(after), len(after))
+        model = "- | -"  # no model for fewer than two validations after the step, or a curve stuck at 0 or 1
+        if len(after) >= 2 and 0.0 < statistics.fmean(after) < 1.0:
+            try:
+                dips = no_trend_dips(len(r.outcomes[0]), statistics.fmean(changing), statistics.fmean(after), len(after))
+                model = f"{sum(d > args.drop_pts for d in dips) / len(dips):.2f} | {statistics.fmean(dips):.1f}"
+            except ValueError:  # more churn than a two-state chain around that accuracy can make
+                pass
         lines.append(f"| {r.preset} | {r.seed} | {len(r.outcomes[0])} | {spread(changing, '{:.1f}')} | "
                      f"{statistics.fmean(f[1] for f in flips):.1f} / {statistics.fmean(f[2] for f in flips):.1f} | "
-                     f"{r.max_drop_after(args.drop_after_step):.1f} | "
-                     f"{sum(d > args.drop_pts for d in dips) / len(dips):.2f} | {statistics.fmean(dips):.1f} |")
+                     f"{r.max_drop_after(args.drop_after_step):.1f} | {model} |")
     return lines
 
 

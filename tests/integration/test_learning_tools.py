@@ -183,6 +183,17 @@ def test_report_counts_the_prompts_that_change_outcome_and_reads_them_against_no
     assert table[-1] == f"| grpo | 0 | 8 | 4.0 | 2.0 / 2.0 | 0.0 | {sum(d > 5 for d in dips) / 3000:.2f} | " \
                         f"{sum(dips) / 3000:.1f} |"
     assert "Per-prompt churn" in learning.report(tmp_path, args)
+    # A curve stuck at 0 after the step: the churn is counted, the model left out; impossible parameters refused.
+    write_cell(tmp_path, "gspo", 0, [0.25, 0.0, 0.0], 60.0, 0.0)
+    (tmp_path / "gspo-s0" / "validation.jsonl").write_text("".join(
+        json.dumps({"step": step, "split": "validation", "correct": c}) + "\n"
+        for step, c in zip((0, 5, 10), ["1000", "0000", "0000"])))
+    stuck = learning.churn_table(learning.read_sweep(tmp_path), args)
+    assert [row for row in stuck if row.startswith("| gspo")] == ["| gspo | 0 | 4 | 0.0 | 0.0 / 0.0 | 25.0 | - | - |"]
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        learning.no_trend_dips(8, 1.0, 0.0, 3)
+    with pytest.raises(ValueError, match="more than a chain"):
+        learning.no_trend_dips(8, 8.0, 0.25, 3)
     # The model: no churn, no fall; more churn or fewer prompts, larger falls.
     assert set(learning.no_trend_dips(256, 0.0, 0.65, 12, runs=50)) == {0.0}
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
