@@ -276,7 +276,8 @@ def churn_table(groups: dict[str, list[Run]], args: argparse.Namespace) -> list[
     """Per cell with ``validation.jsonl``: how many prompts change outcome between validations (after
     ``--churn-from-step``), and how often a curve with that churn and no trend falls more than ``--drop-pts``
     below its running best after ``--drop-after-step``."""
-    runs = [r for rs in groups.values() for r in rs if r.flips(args.churn_from_step)]
+    flips_of = {id(r): r.flips(args.churn_from_step) for rs in groups.values() for r in rs}
+    runs = [r for rs in groups.values() for r in rs if flips_of[id(r)]]
     if not runs:
         return []
     lines = [f"Per-prompt churn (validation.jsonl): prompts that change outcome from one validation to the next "
@@ -285,7 +286,7 @@ def churn_table(groups: dict[str, list[Run]], args: argparse.Namespace) -> list[
              f"max drop after step {args.drop_after_step} (pts) | no trend: P(drop > {args.drop_pts:g}) | "
              "no trend: mean max drop (pts) |", "|" + "---|" * 8]
     for r in runs:
-        flips = r.flips(args.churn_from_step)
+        flips = flips_of[id(r)]
         changing = [lost + gained for _, lost, gained in flips]
         after = [a for s, a in zip(r.steps, r.accuracy) if s > args.drop_after_step]
         model = "- | -"  # no model for fewer than two validations after the step, or a curve stuck at 0 or 1
