@@ -140,8 +140,14 @@ def read_run(cell: Path) -> Run:
     run.total_minutes = seconds / 60
     outcomes = cell / "validation.jsonl"
     if outcomes.is_file():
-        lines = [json.loads(line) for line in outcomes.read_text().splitlines() if line.strip()]
-        run.outcomes = [r["correct"] for r in lines if r.get("split") == "validation"]
+        for number, line in enumerate(outcomes.read_text().splitlines(), 1):
+            try:
+                record = json.loads(line) if line.strip() else {}
+                if record.get("split") == "validation":
+                    run.outcomes.append(str(record["correct"]))
+            except (json.JSONDecodeError, KeyError, AttributeError) as err:
+                raise SystemExit(f"learning: {outcomes}:{number}: not a validation record ({err}); "
+                                 "rl grpo writes one JSON object with 'step', 'split' and 'correct' a line") from None
     return run
 
 
@@ -303,6 +309,8 @@ def churn_table(groups: dict[str, list[Run]], args: argparse.Namespace) -> list[
 
 
 def report(folder: Path, args: argparse.Namespace) -> str:
+    if not folder.is_dir():
+        raise SystemExit(f"learning: no sweep directory {folder} (scripts/sweep.py --out makes one)")
     groups = read_sweep(folder)
     if not groups:
         raise SystemExit(f"learning: no cell with a metrics.jsonl under {folder}")
@@ -348,7 +356,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(parse_args(argv))
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except SystemExit as stop:  # a bad sweep or cell: its one line, exit 2
+        if not isinstance(stop.code, str):
+            raise
+        print(stop.code, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -194,6 +194,13 @@ def test_report_counts_the_prompts_that_change_outcome_and_reads_them_against_no
         learning.no_trend_dips(8, 1.0, 0.0, 3)
     with pytest.raises(ValueError, match="more than a chain"):
         learning.no_trend_dips(8, 8.0, 0.25, 3)
+    # A broken record: one line naming the file and line.
+    (tmp_path / "gspo-s0" / "validation.jsonl").write_text('{"step": 0, "split": "validation", "correct": "1000"}\n{"step": 5,\n')
+    with pytest.raises(SystemExit, match=r"gspo-s0/validation.jsonl:2: not a validation record"):
+        learning.read_run(tmp_path / "gspo-s0")
+    assert learning.main([str(tmp_path), "--markdown", str(tmp_path / "r.md")]) == 2
+    assert not (tmp_path / "r.md").exists()
+    assert learning.main([str(tmp_path / "missing")]) == 2
     # The model: no churn, no fall; more churn or fewer prompts, larger falls.
     assert set(learning.no_trend_dips(256, 0.0, 0.65, 12, runs=50)) == {0.0}
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
