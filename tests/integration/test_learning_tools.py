@@ -732,3 +732,22 @@ def test_the_cosine_sized_to_the_run_on_seeds_0_and_1_stays_within_5_points():
     assert "| cosine over 75 steps, to 0 | 1 | 73 (30.2) | 0.043 | 0.637 | 0.633 | 0.605 | 16.7 | 20.9 | 0.85 | **4.7** |" in doc
     assert "| cosine over 75 steps, to 0: mean (min-max) | 0-2 | 70 (30.2-30.4) | 0.043 | 0.661 (0.637-0.691) | " \
            "**0.658** (0.633-0.688) | 0.637 (0.605-0.664) |" in doc
+
+
+def test_the_16_prompts_a_step_cell_does_not_fall():
+    """docs/learning.md's seed 2 with grpo.batch_size=16: its row, and no fall below the running best after step 15."""
+    cell = ROOT / "docs" / "learning" / "main_b16" / "grpo_arithmetic_smollm2-s2"
+    argv = json.loads((cell / "cell.json").read_text())["argv"]
+    assert argv[4] == "seed=2" and argv[-3:] == ["grpo.batch_size=16", "policy.scheduler.total_steps=32",
+                                                 "policy.scheduler.min_lr_ratio=0.0"]
+    trl_best = learning.trl_reference(learning.read_sweep(ROOT / "docs" / "learning" / "main"))
+    run = learning.read_run(cell)
+    assert (run.steps[-1], round(max(run.accuracy), 3), round(run.at_budget(30), 3), round(run.test_accuracy, 3),
+            round(run.max_drop_after(15), 1), round(run.minutes_to(trl_best[0]) / trl_best[1], 2)) == \
+        (36, 0.609, 0.609, 0.605, 0.0, 0.87)
+    assert all(later >= earlier - 0.005 for earlier, later in zip(run.accuracy[2:], run.accuracy[3:]))
+    rows = [r for r in read_jsonl_metrics(cell / "metrics.jsonl") if "train/episodes" in r]
+    assert {r["train/episodes"] for r in rows} == {96.0}
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert "| 16 prompts a step, cosine over 32 steps to 0 | 36 (30.2) | 0.043 | 0.609 | 0.609 | 0.605 | 9.0 | 21.2 | " \
+           "0.87 | **0.0** |" in doc
