@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,10 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(text, end="")
     if args.markdown:
+        from rl_apps.run_dir import write_atomically
+
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.markdown.with_name(f".{args.markdown.name}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, args.markdown)
+        write_atomically(args.markdown, text)
     return 0
 
 
