@@ -26,6 +26,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from rl_environments.answers import parse_number
+
 CELL_FILE = "cell.json"
 VALIDATION_FILE = "validation.jsonl"
 
@@ -96,14 +98,6 @@ def validation_problems(cell: Path) -> list[Problem]:
     return [parse_problem(s.metadata["problem"], f"{path}") for s in samples]
 
 
-def number(answer: object) -> int | None:
-    try:
-        value = float(str(answer).replace(",", ""))
-    except ValueError:
-        return None
-    return int(value) if value.is_integer() else None
-
-
 def rows(cell: Path) -> list[Row]:
     """One row per validation of the cell (the test split's record, if any, is left out)."""
     problems = validation_problems(cell)
@@ -128,7 +122,7 @@ def rows(cell: Path) -> list[Row]:
     return out
 
 
-def row(step: int, problems: list[Problem], correct: str, answers: list[object]) -> Row:
+def row(step: int, problems: list[Problem], correct: str, answers: list[str | None]) -> Row:
     tally = {True: [0, 0], False: [0, 0]}
     high = low = other = 0
     for problem, ok, answer in zip(problems, correct, answers):
@@ -136,7 +130,7 @@ def row(step: int, problems: list[Problem], correct: str, answers: list[object])
         if ok == "1":
             tally[problem.carries][0] += 1
             continue
-        value = number(answer) if answer is not None else None
+        value = parse_number(answer)  # read as the grader reads it
         offset = None if value is None else value - problem.result
         high += offset == 10
         low += offset == -10
