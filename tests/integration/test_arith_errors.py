@@ -86,6 +86,14 @@ def test_the_kept_cell_of_the_recipes_seed_1_swings_between_carry_and_no_carry()
     assert rows[30].accuracy == pytest.approx(0.5) and rows[50].accuracy == pytest.approx(153 / 256)
 
 
+def test_a_3e5_peak_with_16_prompts_loses_the_arithmetic_the_2e5_peak_keeps():
+    """docs/learning.md "A 3e-5 peak with 16 prompts": seed 2's answers wrong other than by 10, at 3e-5 and 2e-5."""
+    kept = ROOT / "docs/learning"
+    fast = {r.step: r.other_wrong for r in arith_errors.rows(kept / "main_b16_lr3e5/grpo_arithmetic_smollm2-s2")}
+    slow = {r.step: r.other_wrong for r in arith_errors.rows(kept / "main_b16/grpo_arithmetic_smollm2-s2")}
+    assert (fast[5], fast[10], fast[37]) == (194, 116, 92) and (slow[5], slow[10], slow[36]) == (130, 76, 42)
+
+
 @pytest.mark.parametrize("case, says", [
     ("no_cell", "cell.json: no such file"),
     ("trl", "not an `rl grpo` run"),
