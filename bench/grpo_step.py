@@ -1,6 +1,7 @@
 """grpo-step: wall time of one GRPO step, ours (`rl grpo`) vs TRL's GRPOTrainer, same run.
 
-    python bench/grpo_step.py                 # the main job's settings, 3 timed steps each
+    python bench/grpo_step.py                 # the main job's settings at 8 prompts a step, 3 timed steps each
+    python bench/grpo_step.py --prompts 16    # the recipe's 16 prompts a step (since 2026-12-06)
     python bench/grpo_step.py --steps 2 --prompts 4
 
 Both sides get the same model (SmolLM2-135M-Instruct, fp32, CPU), the same arithmetic prompts and
@@ -114,7 +115,7 @@ def summarize(name: str, steps: list[dict[str, float]]) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per side (after one warm-up step)")
-    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=8, help="prompts a step (docs/benchmarks.md measured 8; the recipe has 16)")
     parser.add_argument("--generations", type=int, default=6)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.7)
