@@ -434,15 +434,47 @@ def test_the_two_operand_second_task_row_of_docs_learning_comes_from_its_kept_ce
     assert sum(first) / len(first) < 0.05 and sum(late) / len(late) > 0.29
     # TRL on the same task: its best (0.234) at 26.6 minutes; DAPO gets there in 5.0 (0.19x)
     groups = learning.read_sweep(ROOT / "docs" / "learning" / "arith_pm")
-    assert sorted(groups) == ["dapo", "trl"]
+    assert sorted(groups) == ["dapo", "grpo", "trl"]
     trl = groups["trl"][0]
     assert (max(trl.accuracy), round(trl.test_accuracy, 3), trl.steps[-1]) == (0.234375, 0.168, 40)
     best, minutes = learning.trl_reference(groups)
     assert (best, round(minutes, 1), round(run.minutes_to(best) / minutes, 2)) == (0.234375, 26.6, 0.19)
     doc = (ROOT / "docs" / "learning.md").read_text()
-    assert "| DAPO, no overlong buffer | 0 | 69 (30.2) | 0.016 | 0.375 | 0.297 | 0.352 | 5.0 | 5.0 | **0.19** | 7.8 |" \
-        in doc
     assert "| TRL GRPOTrainer | 0 | 40 (30.0) | 0.016 | 0.234 | 0.234 | 0.168 | 26.6 | 26.6 | 1.00 | 6.2 |" in doc
+
+
+def test_the_second_tasks_second_dapo_seed_and_grpo_cell_come_from_their_kept_cells():
+    """docs/learning.md, second task (a +/- b), 2026-12-06: DAPO without the overlong buffer with seed 1 (seed 0's
+    settings) and GRPO on the main recipe, seed 0. Both gain more than the 15-point target at 30 minutes; DAPO's
+    two-seed row (mean, min-max) and GRPO's row; GRPO's lr is 0 after the cosine's 36 steps and its curve flat."""
+    folder = ROOT / "docs" / "learning" / "arith_pm"
+    groups = learning.read_sweep(folder)
+    dapo0, dapo1 = groups["dapo"]
+    assert (dapo1.seed, dapo1.steps[-1], max(dapo1.accuracy), dapo1.at_budget(30), round(dapo1.test_accuracy, 3)) == \
+        (1, 67, 0.390625, 0.359375, 0.352)
+    for run in (dapo0, dapo1):
+        assert run.at_budget(30) - run.accuracy[0] >= 0.15
+    assert [round(r.minutes_to(0.2), 1) for r in (dapo0, dapo1)] == [5.0, 11.5]
+    best, minutes = learning.trl_reference(groups)
+    assert [round(r.minutes_to(best) / minutes, 2) for r in (dapo0, dapo1)] == [0.19, 0.6]
+    assert [round(r.max_drop_after(15), 1) for r in (dapo0, dapo1)] == [7.8, 4.7]
+    ran = json.loads((folder / "dapo-s1" / "cell.json").read_text())["argv"]
+    assert {"env.kwargs.format_weight=1.0", "policy.optimizer.lr=3.0e-5", "grpo.batch_size=8"} <= set(ran)
+    grpo = groups["grpo"][0]
+    assert (grpo.seed, grpo.steps[-1], max(grpo.accuracy), grpo.at_budget(30), round(grpo.test_accuracy, 3)) == \
+        (0, 48, 0.296875, 0.296875, 0.301)
+    assert grpo.at_budget(30) - grpo.accuracy[0] >= 0.15 and grpo.max_drop_after(15) == 0.0
+    assert round(grpo.minutes_to(0.2), 1) == 14.6 and round(grpo.minutes_to(best) / minutes, 2) == 0.66
+    records = read_jsonl_metrics(folder / "grpo-s0" / "metrics.jsonl")
+    lr = {r["step"]: r["train/lr"] for r in records if "train/lr" in r}
+    assert lr[1] == pytest.approx(2e-5) and all(lr[step] == 0.0 for step in lr if step > 36)
+    assert {r["step"]: r["val/accuracy"] for r in records if "val/accuracy" in r and r["step"] >= 35} == \
+        dict.fromkeys((35, 40, 45, 48), 0.296875)
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert ("| DAPO, no overlong buffer | 0, 1 | 69, 67 (30.2) | 0.016 | **0.383** (0.375-0.391) | **0.328** (0.297-0.359) "
+            "| **0.352** (0.352-0.352) | **8.2** (5.0-11.5) | 10.5 (5.0-15.9) | **0.39** (0.19-0.60) | 6.2 (4.7-7.8) |") in doc
+    assert ("| GRPO (the main recipe since 2026-12-06) | 0 | 48 (30.6) | 0.016 | 0.297 | 0.297 | 0.301 | 14.6 | 17.5 | "
+            "0.66 | **0.0** |") in doc
 
 
 def test_the_format_weight_ablation_of_docs_learning_comes_from_its_kept_cells():
