@@ -166,7 +166,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="the sweep's directory: one sub-directory per cell")
     parser.add_argument("--presets", nargs="+", default=["grpo_arithmetic_smollm2"],
-                        help="recipes by name or path (grpo dapo gspo gdpo drgrpo cispo reinforce_pp ...), "
+                        help="recipes by name or path (grpo dapo gspo gdpo drgrpo cispo reinforce_pp rloo ...), "
                              "and trl for TRL's GRPOTrainer")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--task", help="a task recipe built on the main job, e.g. grpo_arithmetic3_smollm2.yaml")

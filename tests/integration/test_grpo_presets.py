@@ -1,5 +1,5 @@
 """Every RL preset of the comparison (docs/learning.md): the main job's task settings, one step on a tiny
-model, Dr. GRPO's constant normaliser, and the test split evaluated at the end (`grpo.test_at_end`)."""
+model, Dr. GRPO's constant normaliser, RLOO's closed form, and the test split evaluated at the end (`grpo.test_at_end`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from rl_apps.commands.grpo import GRPORunConfig
 from rl_core.config import load_config
 from rl_core.logging import read_jsonl_metrics
 
-PRESETS = ["grpo.yaml", "dapo.yaml", "gspo.yaml", "gdpo.yaml", "drgrpo.yaml", "cispo.yaml", "reinforce_pp.yaml"]
+PRESETS = ["grpo.yaml", "dapo.yaml", "gspo.yaml", "gdpo.yaml", "drgrpo.yaml", "cispo.yaml", "reinforce_pp.yaml", "rloo.yaml"]
 MAIN = recipe_path("grpo_arithmetic_smollm2.yaml")
 TASK_SECTIONS = ("model", "seed", "data", "env", "val_env", "generation", "policy")
 TASK_LOOP_KEYS = ("batch_size", "num_generations_per_prompt", "max_steps", "temperature", "max_new_tokens",
@@ -63,6 +63,35 @@ def test_drgrpo_preset_is_the_papers_algorithm(capsys):
     fixed = load_config(GRPORunConfig, recipe_path("drgrpo.yaml"), ["grpo.max_new_tokens=48", "loss.constant_normalizer=20"])
     assert fixed.loss.constant_normalizer == 20
     assert load_config(GRPORunConfig, MAIN, []).loss.constant_normalizer is None  # only for reduction=constant
+
+
+def test_rloo_preset_is_the_papers_algorithm():
+    """RLOO: the baseline of an answer is the mean reward of the other answers to its prompt (no std), and the
+    loss is REINFORCE on the answer's summed log-probabilities over a fixed scale (valid sequences x max new
+    tokens): its gradient on a token is -A / (S L) whatever the ratio, checked on a closed form."""
+    import torch
+
+    from rl_algorithms.advantages.group import group_advantages
+    from rl_algorithms.losses import make_normalizer
+    from rl_core.types import ModelOutputs
+
+    cfg = load_config(GRPORunConfig, recipe_path("rloo.yaml"), [])
+    advantage, loss_cfg = cfg.grpo.advantage, cfg.loss
+    assert (advantage.estimator, advantage.baseline, advantage.normalize_std) == ("grpo", "leave_one_out", False)
+    assert (loss_cfg.objective, loss_cfg.reduction, loss_cfg.constant_normalizer, loss_cfg.kl_coef) == \
+        ("reinforce", "constant", 32, 0.0)
+    rewards, groups = torch.tensor([1.5, 0.0, 0.5, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 0, 1, 1, 1])
+    adv = group_advantages(rewards, groups, baseline=advantage.baseline, normalize_std=advantage.normalize_std)
+    torch.testing.assert_close(adv, torch.tensor([1.25, -1.0, -0.25, 1.0, -0.5, -0.5]))
+    mask = torch.tensor([[0.0, 1, 1, 1], [0.0, 1, 1, 0], [0.0, 1, 0, 0], [0.0, 1, 1, 1], [0.0, 1, 1, 1], [0.0, 1, 0, 0]])
+    prev = torch.full((6, 4), -1.0)
+    logprobs = (prev + torch.tensor([0.3, -0.2, 0.1, 0.4])).clone().requires_grad_(True)  # ratios != 1: no clip acts
+    batch = {"loss_mask": mask, "prev_logprobs": prev, "advantages": adv}
+    loss, _ = loss_cfg.build()(ModelOutputs(logprobs=logprobs), batch, make_normalizer(batch))
+    scale = 6 * 32
+    assert loss.item() == pytest.approx(-(adv[:, None] * logprobs * mask).sum().item() / scale, abs=1e-6)
+    loss.backward()
+    torch.testing.assert_close(logprobs.grad, -adv[:, None] * mask / scale)
 
 
 def test_test_split_is_evaluated_at_the_end(tmp_path):
