@@ -85,7 +85,7 @@ def test_rloo_preset_is_the_papers_algorithm():
     torch.testing.assert_close(adv, torch.tensor([1.25, -1.0, -0.25, 1.0, -0.5, -0.5]))
     mask = torch.tensor([[0.0, 1, 1, 1], [0.0, 1, 1, 0], [0.0, 1, 0, 0], [0.0, 1, 1, 1], [0.0, 1, 1, 1], [0.0, 1, 0, 0]])
     prev = torch.full((6, 4), -1.0)
-    logprobs = (prev + torch.tensor([0.3, -0.2, 0.1, 0.4])).clone().requires_grad_(True)  # ratios != 1: no clip acts
+    logprobs = (prev + torch.tensor([0.3, -0.2, 0.1, 0.4])).clone().requires_grad_(True)  # ratios != 1: no ratio in REINFORCE
     batch = {"loss_mask": mask, "prev_logprobs": prev, "advantages": adv}
     loss, _ = loss_cfg.build()(ModelOutputs(logprobs=logprobs), batch, make_normalizer(batch))
     scale = 6 * 32
