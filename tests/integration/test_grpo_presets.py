@@ -7,13 +7,17 @@ import math
 import os
 
 import pytest
+import torch
 import yaml
 
+from rl_algorithms.advantages.group import group_advantages
+from rl_algorithms.losses import make_normalizer
 from rl_apps import recipe_path
 from rl_apps.cli import main
 from rl_apps.commands.grpo import GRPORunConfig
 from rl_core.config import load_config
 from rl_core.logging import read_jsonl_metrics
+from rl_core.types import ModelOutputs
 
 PRESETS = ["grpo.yaml", "dapo.yaml", "gspo.yaml", "gdpo.yaml", "drgrpo.yaml", "cispo.yaml", "reinforce_pp.yaml", "rloo.yaml"]
 MAIN = recipe_path("grpo_arithmetic_smollm2.yaml")
@@ -69,12 +73,6 @@ def test_rloo_preset_is_the_papers_algorithm():
     """RLOO: the baseline of an answer is the mean reward of the other answers to its prompt (no std), and the
     loss is REINFORCE on the answer's summed log-probabilities over a fixed scale (valid sequences x max new
     tokens): its gradient on a token is -A / (S L) whatever the ratio, checked on a closed form."""
-    import torch
-
-    from rl_algorithms.advantages.group import group_advantages
-    from rl_algorithms.losses import make_normalizer
-    from rl_core.types import ModelOutputs
-
     cfg = load_config(GRPORunConfig, recipe_path("rloo.yaml"), [])
     advantage, loss_cfg = cfg.grpo.advantage, cfg.loss
     assert (advantage.estimator, advantage.baseline, advantage.normalize_std) == ("grpo", "leave_one_out", False)
