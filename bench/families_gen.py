@@ -6,6 +6,7 @@ Qwen3-MoE (8 experts, 2 per token: the active MLP of SmolLM2's dense one; 320M p
     python bench/families_gen.py --families qwen3_moe --dtype bfloat16
     python bench/families_gen.py --prompts random       # random ids of 40-56 tokens, no shared prefix
     python bench/families_gen.py --phases --chunked-prefill    # prefill and decode/step, token loop vs chunks
+    python bench/families_gen.py --dtype bfloat16 --phases --sdpa-decode   # decode attention: matmuls vs SDPA
     python bench/families_gen.py --tiny                 # the tiny models, batch 4: a check that it runs
 
 Same protocol as bench/gen_cpu.py (interleaved rounds, best round, temperature 1.0 and no stop token so
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_cpu import _hf, _native, make_prompts, sampling_params  # noqa: E402
+from gen_cpu import _hf, _native, make_prompts, sdpa_decode  # noqa: E402
 
 # SmolLM2-135M: 30 layers, hidden 576, 9 query / 3 key-value heads of 64, MLP 1536, vocab 49152.
 SMOLLM2 = dict(num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
@@ -37,6 +38,15 @@ SIZES = {
                          linear_key_head_dim=64, linear_value_head_dim=64),
     "qwen3_moe": dict(SMOLLM2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=768),
 }
+
+
+def sampling_params(new_tokens: int):
+    """T = 1, and a stop id outside every vocabulary: the native engine generates exactly ``new_tokens`` per
+    sample, as HF generate does with ``min_new_tokens`` (gen-cpu's stop id, 4518, is a token these random
+    models sample now and then)."""
+    from rl_core.types import SamplingParams
+
+    return SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=0, stop_token_ids=(2**31 - 1,))
 
 
 def build(family: str, tiny: bool, folder: str) -> str:
@@ -82,6 +92,8 @@ def run_family(family: str, args) -> dict:
                    "hf": lambda n: _hf(hf, tokenizer, prompts, n)}
         if args.chunked_prefill:
             engines["chunked"] = chunked_prefill(engines["native"])
+        if args.sdpa_decode:
+            engines["sdpa"] = sdpa_decode(engines["native"])
         result = (phases if args.phases else rates)(family, engines, args)
         native.shutdown()
     return result
@@ -158,6 +170,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                         help="time prefill (1 new token) and decode per step (33 - 1 tokens) instead of the workload")
     parser.add_argument("--chunked-prefill", action="store_true", help="also run the native engine with its "
                         "gated delta rule prefill forced onto transformers' chunked kernel (an A/B of the token loop)")
+    parser.add_argument("--sdpa-decode", action="store_true", help="also run the native engine with its decode "
+                        "attention on CPU SDPA (its bfloat16 path before 2026-12-06; an A/B of the grouped matmuls)")
     parser.add_argument("--tiny", action="store_true", help="rl_core.models.tiny's models, batch 4: a quick check")
     args = parser.parse_args(argv)
     args.batch = args.batch or (4 if args.tiny else 64)

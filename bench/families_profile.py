@@ -1,14 +1,18 @@
 """families-profile: where a decode step of the native engine goes, per module kind, on the SmolLM2-sized
-models of bench/families_gen.py (batch 64, fp32).
+models of bench/families_gen.py (batch 64, fp32 or bfloat16).
 
     python bench/families_profile.py                       # both families, 16 new tokens, 1 thread
     python bench/families_profile.py --families qwen3_moe --threads 2
+    python bench/families_profile.py --families qwen3_5_text --threads 2 --dtype bfloat16
     python bench/families_profile.py --tiny                # the tiny models, batch 4: a check that it runs
     python bench/families_profile.py --kernels             # one layer's reference vs engine kernels, A/B
 
 Forward hooks time every decoder layer and the modules inside it (attention, gated delta-net, MoE
-block, experts, router, MLP, norms); only decode forwards (one token per row) count. Nested modules
-overlap (a MoE block contains its experts and router): read each line as that module's share.
+block, experts, router, MLP, norms) and every ``Linear`` (the LM head included: their sum is the step's
+matrix products); only decode forwards (one token per row) count. Nested modules overlap (a MoE block
+contains its experts and router, a layer its linears): read each line as that module's share. The first
+line, ``decoder (no LM head)``, is the decoder's whole forward (embedding to final norm, hooks included);
+the LM head is one of the linears.
 
 ``--kernels`` times, interleaved in one process (best of 15 rounds), one layer's decode kernels at the
 benchmark's sizes (64 rows): transformers' experts forward (its default ``grouped_mm`` and ``eager``)
@@ -29,19 +33,19 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from families_gen import SIZES, build  # noqa: E402
-from gen_cpu import sampling_params  # noqa: E402
+from families_gen import SIZES, build, sampling_params  # noqa: E402
 
-TIMED = ("DecoderLayer", "Attention", "GatedDeltaNet", "SparseMoeBlock", "Experts", "TopKRouter", "MLP", "RMSNorm")
+TIMED = ("DecoderLayer", "Attention", "GatedDeltaNet", "SparseMoeBlock", "Experts", "TopKRouter", "MLP", "RMSNorm",
+         "Linear")
 
 
-def time_modules(model: torch.nn.Module, rows: int) -> dict[str, list[float]]:
-    """Hooks on ``model``'s timed modules: ``{kind: [seconds of each decode call]}``."""
+def time_modules(model: torch.nn.Module, rows: int, named: dict[str, torch.nn.Module]) -> dict[str, list[float]]:
+    """Hooks on ``model``'s timed modules and on the ``named`` ones: ``{kind or name: [seconds of each
+    decode call]}``."""
     seconds: dict[str, list[float]] = collections.defaultdict(list)
-    for module in model.modules():
-        kind = type(module).__name__
-        if not any(part in kind for part in TIMED):
-            continue
+    kinds = [(type(module).__name__, module) for module in model.modules()
+             if any(part in type(module).__name__ for part in TIMED)]
+    for kind, module in kinds + list(named.items()):
 
         def start(mod, _args, _kwargs):
             mod._profile_start = time.perf_counter()
@@ -64,10 +68,10 @@ def profile(family: str, args) -> dict[str, float]:
         path = build(family, args.tiny, folder)
         gen = torch.Generator().manual_seed(0)
         prompts = [torch.randint(4, 512, (40 + i % 17,), generator=gen).tolist() for i in range(args.batch)]
-        engine = NativeEngine(path, dtype="float32", max_batch_size=args.batch,
+        engine = NativeEngine(path, dtype=args.dtype, max_batch_size=args.batch,
                               max_seq_len=max(map(len, prompts)) + args.new_tokens + 8)
         engine.generate(prompts[:2], sampling_params(4))  # warm-up
-        seconds = time_modules(engine.model, args.batch)
+        seconds = time_modules(engine.model, args.batch, {"decoder (no LM head)": engine.decoder})
         start = time.perf_counter()
         engine.generate(prompts, sampling_params(args.new_tokens))
         total = time.perf_counter() - start
@@ -75,7 +79,7 @@ def profile(family: str, args) -> dict[str, float]:
         engine.shutdown()
     layer_calls = sum(len(times) for kind, times in seconds.items() if kind.endswith("DecoderLayer"))
     steps = max(layer_calls // layers, 1)  # decode forwards timed
-    print(f"# {family}: {args.new_tokens} tokens x {args.batch} rows in {total:.1f} s, {steps} decode steps timed, "
+    print(f"# {family} {args.dtype}: {args.new_tokens} tokens x {args.batch} rows in {total:.1f} s, {steps} decode steps timed, "
           f"threads={torch.get_num_threads()}, load average={os.getloadavg()[0]:.1f}")
     for kind, times in sorted(seconds.items(), key=lambda item: -sum(item[1])):
         print(f"{kind:>28} {sum(times) * 1000 / steps:8.1f} ms/step  ({len(times) // steps} calls/step)")
@@ -146,6 +150,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--families", nargs="+", default=sorted(SIZES), choices=sorted(SIZES))
     parser.add_argument("--batch", type=int, default=None, help="rows (default 64; 4 with --tiny)")
     parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--tiny", action="store_true", help="rl_core.models.tiny's models, batch 4: a quick check")
     parser.add_argument("--kernels", action="store_true", help="time one layer's kernels, reference vs engine")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")

@@ -160,6 +160,26 @@ def main() -> int:
     return 0
 
 
+def sdpa_decode(run):
+    """``run`` with the native engine's decode attention forced onto torch's SDPA with a bool mask (its path
+    for half precision on CPU before 2026-12-06; CUDA's still): an in-process A/B of the grouped matmuls."""
+    from rl_backends_gen.native import steps
+
+    def forced(*args, **kwargs):
+        init = steps.DecodeStep.__init__
+
+        def sdpa_init(self, *a, **k):
+            init(self, *a, **k)
+            self.float_bias = False  # bool masks: attention.decode_attention takes SDPA (without sinks)
+
+        steps.DecodeStep.__init__ = sdpa_init
+        try:
+            return run(*args, **kwargs)
+        finally:
+            steps.DecodeStep.__init__ = init
+    return forced
+
+
 def _native(engine, prompts, sampling) -> tuple[int, float]:
     start = time.perf_counter()
     out = engine.generate(prompts, sampling)

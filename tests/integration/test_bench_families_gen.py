@@ -46,10 +46,34 @@ def test_profile_tiny_mode_times_the_decode_step_per_module_kind(capsys):
     results = load("families_profile").main(["--tiny", "--new-tokens", "4"])
     assert set(results) == {"qwen3_5_text", "qwen3_moe"}
     assert results["qwen3_moe"]["Qwen3MoeExperts"] > 0 and results["qwen3_5_text"]["Qwen3_5GatedDeltaNet"] > 0
-    for family, kinds in results.items():  # a layer contains its modules
+    for family, kinds in results.items():  # a layer contains its modules, the decoder its layers
         layer = next(ms for kind, ms in kinds.items() if kind.endswith("DecoderLayer"))
+        decoder, linears = kinds.pop("decoder (no LM head)"), kinds.pop("Linear")  # the linears: the LM head too
         assert all(ms <= layer for kind, ms in kinds.items()), family
+        assert decoder >= layer and linears > 0, family
     assert "(2 calls/step)" in capsys.readouterr().out  # the tiny models' 2 layers, once per decode step
+
+
+def test_the_sdpa_decode_variant_runs_the_engine_with_sdpa_decode_attention(monkeypatch):
+    """--sdpa-decode (bfloat16): a third engine, the native one with its decode attention on CPU SDPA (an A/B
+    of the grouped matmuls the engine runs on CPU), which only that engine's decode steps call."""
+    import torch.nn.functional as F
+
+    from rl_backends_gen.native import attention
+
+    calls = []
+
+    def counting(query, *args, **kwargs):
+        calls.append(query.shape[2])  # query tokens: 1 in a decode step
+        return F.scaled_dot_product_attention(query, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "F", type("F", (), {"scaled_dot_product_attention": staticmethod(counting)}))
+    result = load().main(["--tiny", "--families", "qwen3_5_text", "--dtype", "bfloat16", "--sdpa-decode"])
+    assert set(result["qwen3_5_text"]) == {"native", "hf", "sdpa", "ratio"}
+    assert all(result["qwen3_5_text"][name] > 0 for name in ("native", "hf", "sdpa"))
+    # 4 new tokens: 3 decode steps of the sdpa engine's one round, its one full-attention layer; the native
+    # engine's decode steps (warm-up and round) add none
+    assert calls.count(1) == 3
 
 
 def test_profile_kernels_mode_times_reference_and_engine_kernels():

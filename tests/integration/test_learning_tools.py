@@ -857,3 +857,41 @@ def test_the_3e5_peak_with_16_prompts_holds_but_stops_below_the_target():
         (37, 0.504, 0.5, 0.535, 16.9, None, 0.4)
     assert "| peak lr 3e-5, cosine over 36 steps | 37 (30.7) | 0.043 | 0.504 | 0.500 | 0.535 | 16.9 | never | - | 0.4 |" \
         in (ROOT / "docs" / "learning.md").read_text()
+
+
+def test_the_rloo_cells_reach_trls_best_in_a_third_of_trls_time_from_their_kept_cells():
+    """docs/learning.md's RLOO cells: the preset as it is (no KL, 16 prompts, the recipe's cosine), their rows and
+    two-seed mean (each seed within 0.4x TRL's time), no reference or pi_old forward, the answers that stop."""
+    kept = ROOT / "docs" / "learning"
+    cells = [kept / "main_rloo" / f"rloo-s{seed}" for seed in (0, 1)]
+    for seed, cell in enumerate(cells):
+        argv = json.loads((cell / "cell.json").read_text())["argv"]
+        assert argv[:5] == ["rl", "grpo", "--config", "rloo", f"seed={seed}"]
+        assert argv[-4:] == ["grpo.max_steps=300", "grpo.max_minutes=30", "data.validation_size=256",
+                             "grpo.val_num_prompts=256"]
+    cfg = load_config(GRPORunConfig, recipe_path("rloo.yaml"), [])
+    assert (cfg.grpo.advantage.baseline, cfg.loss.kl_coef, cfg.grpo.batch_size, cfg.policy.scheduler.total_steps) == \
+        ("leave_one_out", 0.0, 16, 36)
+    trl_best, trl_minutes = learning.trl_reference(learning.read_sweep(kept / "main"))
+    runs = [learning.read_run(c) for c in cells]
+    minutes = [r.minutes_to(trl_best) for r in runs]
+    assert [(r.steps[-1], round(max(r.accuracy), 3), round(r.at_budget(30), 3), round(r.test_accuracy, 3),
+             round(r.max_drop_after(15), 1), round(m, 1), round(m / trl_minutes, 2)) for r, m in zip(runs, minutes)] == \
+        [(52, 0.676, 0.676, 0.637, 16.4, 9.4, 0.39), (53, 0.719, 0.715, 0.715, 0.4, 6.6, 0.27)]
+    assert max(m / trl_minutes for m in minutes) <= 0.4
+    mean = (learning.spread([r.at_budget(30) for r in runs]), learning.spread([r.test_accuracy for r in runs]),
+            learning.spread(minutes, "{:.1f}"), learning.spread([m / trl_minutes for m in minutes], "{:.2f}"),
+            learning.spread([r.max_drop_after(15) for r in runs], "{:.1f}"))
+    assert mean == ("0.695 (0.676-0.715)", "0.676 (0.637-0.715)", "8.0 (6.6-9.4)", "0.33 (0.27-0.39)", "8.4 (0.4-16.4)")
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert ("| mean (min-max) | 0, 1 | 52-53 (30.4-30.6) | 0.043 | 0.697 (0.676-0.719) | **0.695** (0.676-0.715) | "
+            "**0.676** (0.637-0.715) | 3.3 (3.2-3.4) | **8.0** (6.6-9.4) | **0.33** (0.27-0.39) | 8.4 (0.4-16.4) |") in doc
+    for cell in cells:
+        rows = read_jsonl_metrics(cell / "metrics.jsonl")
+        train = [r for r in rows if "train/time/total" in r]
+        assert not any("train/time/logprobs" in r for r in train)  # no reference, no pi_old forward
+        seconds = [r["train/time/total"] - r.get("train/time/validate", 0.0) for r in train]  # validation left out
+        assert 34 < sum(seconds) / len(seconds) < 36
+        assert max(r["train/truncated_fraction"] for r in train if r["step"] >= 5) < 0.06
+        assert max(r["val/truncated_fraction"] for r in rows if "val/truncated_fraction" in r and r["step"] > 0) < 0.005
+        assert {r["step"] for r in train if r["train/lr"] == 0.0} == set(range(37, train[-1]["step"] + 1))

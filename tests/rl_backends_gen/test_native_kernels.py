@@ -1,6 +1,7 @@
 """The engine's own paths for the layers it used to take from transformers: the expert dispatch
 (``native/moe.py``) and the single-token updates of the gated delta rule and Mamba-2
-(``native/recurrent_steps.py``), each exact (fp32) to transformers' reference and used by the engine."""
+(``native/recurrent_steps.py``), each exact (fp32) to transformers' reference and used by the engine; and
+the half-precision decode attention on CPU (``native/attention.py``), grouped matmuls instead of SDPA."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import sys
 import pytest
 import torch
 
-from rl_backends_gen.native import NativeEngine, layers, moe, recurrent_steps
+from rl_backends_gen.native import NativeEngine, attention, layers, moe, recurrent_steps
+from rl_backends_gen.native.cache import AttentionKV, EngineCache
+from rl_backends_gen.native.steps import DecodeStep
 from rl_core.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rl_core.types import SamplingParams
 
@@ -185,3 +188,36 @@ def test_the_engine_decodes_through_its_own_paths(family, tiny_family_dir, tiny_
     experts = experts_modules(engine.model)
     assert all(m.forward.__func__ is moe.experts_forward for m in experts)
     assert bool(experts) == (family != "qwen3_5_text")
+
+
+def test_bfloat16_decode_attention_on_cpu_is_the_float32_softmax_over_the_cache(monkeypatch):
+    """A bfloat16 cache on CPU: one decode step of 5 rows at different positions (3 query heads per kv head)
+    runs the grouped matmuls with float32 scores and softmax, never CPU SDPA (4-6x slower there in bf16),
+    and equals the float32 attention over each row's own positions, its new key and value written first."""
+    rows, kv_heads, group, dim, max_len = 5, 2, 3, 32, 24
+    layer = AttentionKV(rows, max_len, kv_heads, dim, torch.bfloat16, torch.device("cpu"))
+    cache = EngineCache([layer], rows, max_len, torch.bfloat16)
+    positions = torch.tensor([19, 5, 12, 0, 19])
+    step = DecodeStep(cache, positions)
+    assert step.float_bias
+    gen = torch.Generator().manual_seed(0)
+    for name in ("keys", "values"):  # earlier tokens of every row; a row reads only positions <= its own
+        layer[name][:, :, :20] = torch.randn(rows, kv_heads, 20, dim, generator=gen).bfloat16()
+    query = torch.randn(rows, kv_heads * group, 1, dim, generator=gen).bfloat16()
+    key, value = (torch.randn(rows, kv_heads, 1, dim, generator=gen).bfloat16() for _ in range(2))
+
+    def no_sdpa(*args, **kwargs):
+        raise AssertionError("CPU SDPA in a bfloat16 decode step")
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", no_sdpa)
+    got = attention.decode_attention(step, layer, query, key, value, dim ** -0.5, None)  # [R, 1, H, D]
+    assert got.shape == (rows, 1, kv_heads * group, dim) and got.dtype == torch.bfloat16
+    for row, position in enumerate(positions.tolist()):
+        keys = layer["keys"][row, :, : position + 1].float()  # [kv_heads, p + 1, D], the new key included
+        values = layer["values"][row, :, : position + 1].float()
+        assert torch.equal(keys[:, -1], key[row, :, 0].float()) and torch.equal(values[:, -1], value[row, :, 0].float())
+        heads = query[row, :, 0].float().view(kv_heads, group, dim)
+        weights = torch.softmax(heads @ keys.transpose(1, 2) * dim ** -0.5, dim=-1)  # [kv_heads, group, p + 1]
+        want = (weights @ values).reshape(kv_heads * group, dim)
+        # bf16 rounding of the weights before the value product and of the output: within 2 bf16 ulps
+        assert (got[row, 0].float() - want).abs().max().item() <= 2 ** -6 * max(want.abs().max().item(), 1.0)

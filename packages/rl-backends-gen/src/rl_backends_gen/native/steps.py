@@ -65,15 +65,16 @@ class DecodeStep:
         self.rows = torch.arange(positions.shape[0], device=positions.device)
         self.static = length is not None
         self.length = length if self.static else int(positions.max()) + 1
-        self.float_bias = cache.dtype == torch.float32
+        # The grouped-matmul attention (attention.py), which takes an additive bias: on CPU, and float32 anywhere.
+        self.float_bias = cache.dtype == torch.float32 or positions.device.type == "cpu"
         self._masks: dict[int | None, tuple[int, torch.Tensor]] = {}
         if not self.static:
             cache.ensure_clean(self.length)
 
     def mask(self, window: int | None) -> tuple[int, torch.Tensor]:
         """``(first, mask)``: only positions ``first .. length - 1`` can be seen by any row; ``mask``
-        covers them: ``[R, 1, q, length - first]``, an additive float32 bias (0 / -inf) when the cache
-        is float32 (the grouped-matmul path), else bool (True = may attend, for SDPA)."""
+        covers them: ``[R, 1, q, length - first]``, an additive float32 bias (0 / -inf) for the grouped-matmul
+        path (``float_bias``: on CPU, or a float32 cache), else bool (True = may attend, for SDPA)."""
         if window not in self._masks:
             first = 0 if window is None or self.static else max(0, int(self.positions.min()) - window + 1)
             k = torch.arange(first, self.length, device=self.positions.device)[None, None, :]
