@@ -43,7 +43,8 @@ SIZES = {
 def sampling_params(new_tokens: int):
     """T = 1, and a stop id outside every vocabulary: the native engine generates exactly ``new_tokens`` per
     sample, as HF generate does with ``min_new_tokens`` (gen-cpu's stop id, 4518, is a token these random
-    models sample now and then)."""
+    models sample now and then; gen-cpu keeps an in-vocabulary id because vLLM refuses out-of-vocabulary
+    stop ids, and this bench runs no vLLM)."""
     from rl_core.types import SamplingParams
 
     return SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=0, stop_token_ids=(2**31 - 1,))
