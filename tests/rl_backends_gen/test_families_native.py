@@ -138,10 +138,13 @@ def test_recurrent_layers_decode_one_token_per_step_from_a_fixed_size_state(fami
     assert longer.cache.layers[index].shapes == engine.cache.layers[index].shapes
 
 
-def test_bfloat16_hybrid_is_close_to_training_forward(tiny_family_dir, tiny_prompts, training_logprobs):
+@pytest.mark.parametrize("family", ["qwen3_5_text", "glm4_moe_lite", "gpt_oss"])
+def test_bfloat16_decode_is_close_to_training_forward(family, tiny_family_dir, tiny_prompts, training_logprobs):
+    """bfloat16 on CPU through each decode attention kind: the hybrid's softmax layers, latent attention
+    (both with the key scores read from the untransposed cache) and attention with sinks."""
     from transformers import AutoModelForCausalLM
 
-    path = tiny_family_dir("qwen3_5_text")
+    path = tiny_family_dir(family)
     results = NativeEngine(path, dtype="bfloat16", max_batch_size=8, max_seq_len=128).generate(
         tiny_prompts, SamplingParams(max_new_tokens=12, temperature=0.0))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()

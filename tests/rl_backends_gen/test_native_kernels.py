@@ -221,3 +221,21 @@ def test_bfloat16_decode_attention_on_cpu_is_the_float32_softmax_over_the_cache(
         want = (weights @ values).reshape(kv_heads * group, dim)
         # bf16 rounding of the weights before the value product and of the output: within 2 bf16 ulps
         assert (got[row, 0].float() - want).abs().max().item() <= 2 ** -6 * max(want.abs().max().item(), 1.0)
+
+
+def test_bfloat16_key_scores_on_cpu_never_transpose_the_cached_keys():
+    """A decode step's ``queries @ keys^T`` over a slice of a bfloat16 key cache on CPU: the same
+    values as the direct product, bitwise, and no transposed copy of the key slice (CPU's bfloat16
+    batched matmul copied the slice to a contiguous ``[..., D, L]`` tensor every layer and step, ~4x the
+    cost of the plain copy of rows it makes of the keys untransposed)."""
+    rows, kv_heads, group, dim, max_len, length = 8, 2, 3, 32, 64, 40
+    gen = torch.Generator().manual_seed(0)
+    cache = torch.randn(rows, kv_heads, max_len, dim, generator=gen).bfloat16()
+    queries = torch.randn(rows, kv_heads, group, dim, generator=gen).bfloat16()
+    keys = cache[:, :, :length]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        got = attention.key_scores(queries, keys)
+    copied = [event.input_shapes[0] for event in prof.events() if event.name == "aten::copy_"]
+    assert not [shape for shape in copied if shape[-2:] == [dim, length]], copied
+    assert got.shape == (rows, kv_heads, group, length)
+    assert torch.equal(got, torch.matmul(queries, keys.transpose(-1, -2)))

@@ -21,6 +21,7 @@ import types
 import torch
 import torch.nn.functional as F
 
+from rl_backends_gen.native.attention import key_scores
 from rl_backends_gen.native.cache import LatentKV
 from rl_backends_gen.native.steps import DecodeStep, PrefillStep
 
@@ -85,7 +86,7 @@ def _decode(self, step: DecodeStep, layer: LatentKV, q_pass, q_rot, latent, k_ro
     up_key, up_value = up[:, : self.qk_nope_head_dim], up[:, self.qk_nope_head_dim :]  # [H, nope | v, lora]
     q_latent = torch.einsum("rhqd,hdc->rhqc", q_pass, up_key).reshape(rows, heads * queries, -1)  # [R, H x q, lora]
     q_rot = q_rot.reshape(rows, heads * queries, -1)
-    scores = torch.bmm(q_latent, cached.transpose(1, 2)) + torch.bmm(q_rot, cached_rot.transpose(1, 2))
+    scores = key_scores(q_latent, cached) + key_scores(q_rot, cached_rot)  # [R, H x q, L]
     _, mask = step.mask(None)  # [R, 1, q, L]
     mask = mask[:, 0].repeat(1, heads, 1) if queries > 1 else mask[:, 0]  # row h x q + i: query i of head h
     scores = scores * self.scaling
