@@ -80,9 +80,10 @@ def key_scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     In bfloat16 on CPU it runs as ``(keys @ queries^T)^T``. CPU's bfloat16 batched matmul makes
     its operands contiguous first, and the cache's slice is not (its batch stride is the cache's): the keys
     transposed, that is a transposing copy of every cached key, every layer and step; untransposed, a plain
-    copy of rows, ~4x cheaper. The same dot products (bitwise equal in the tests); the product ~1.2-1.6x
-    faster at 60-300 cached positions (64 rows, 3 kv heads of 3 queries, 2-core CPU, torch 2.13). float32
-    and float16 keep ``queries @ keys^T``, the faster there (float16 copies neither way)."""
+    copy of rows, ~4x cheaper. The same dot products (bitwise equal in the tests); the product 1.6-2.7x and
+    a layer's whole decode attention 1.2-1.7x faster at 60-1000 cached positions (64 rows, 3 kv heads of 3
+    queries, 2-core CPU, torch 2.13; docs/benchmarks.md). float32 and float16 keep ``queries @ keys^T``, the
+    faster there (float16 copies neither way)."""
     if keys.device.type == "cpu" and keys.dtype == torch.bfloat16:
         return torch.matmul(keys, queries.transpose(-1, -2)).transpose(-1, -2)
     return torch.matmul(queries, keys.transpose(-1, -2))
