@@ -239,3 +239,49 @@ def test_bfloat16_key_scores_on_cpu_never_transpose_the_cached_keys():
     assert not [shape for shape in copied if shape[-2:] == [dim, length]], copied
     assert got.shape == (rows, kv_heads, group, length)
     assert torch.equal(got, torch.matmul(queries, keys.transpose(-1, -2)))
+
+
+class _DepthwiseMixer(torch.nn.Module):
+    """What ``recurrent.convolve`` reads of a gated delta-net / Mamba-2 mixer: a depthwise ``conv1d`` and its
+    activation."""
+
+    def __init__(self, channels: int, kernel: int):
+        super().__init__()
+        self.conv1d = torch.nn.Conv1d(channels, channels, kernel, groups=channels, bias=True)
+        self.activation = "silu"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_decode_step_convolves_from_channel_last_states(dtype):
+    """The recurrent layers' convolution state is held channels last ([rows, kernel - 1, C]), so that a decode
+    step's window is ``kernel`` contiguous [R, C] slices summed over its middle axis. Over three decode steps of
+    5 of 8 rows: each output is the depthwise conv1d (with bias and SiLU) of the row's last ``kernel`` inputs,
+    and the state holds its last ``kernel - 1`` inputs, channels last; the other rows are untouched."""
+    from rl_backends_gen.native import recurrent
+    from rl_backends_gen.native.cache import RecurrentState
+
+    gen = torch.Generator().manual_seed(0)
+    rows, channels, kernel, active = 8, 96, 4, 5
+    mixer = _DepthwiseMixer(channels, kernel).to(dtype)
+    with torch.no_grad():
+        mixer.conv1d.weight.copy_(torch.randn(channels, 1, kernel, generator=gen))
+        mixer.conv1d.bias.copy_(torch.randn(channels, generator=gen))
+    layer = RecurrentState(rows, channels, kernel, (2, 4, 4), dtype, torch.float32, torch.device("cpu"))
+    cache = EngineCache([layer], rows, 16, dtype)
+    assert layer["conv"].shape == (rows, kernel - 1, channels)
+    history = torch.randn(rows, channels, kernel - 1, generator=gen).to(dtype)  # each row's last inputs
+    layer["conv"].copy_(history.transpose(1, 2))
+    untouched = layer["conv"][active:].clone()
+    step = DecodeStep(cache, torch.full((active,), 3))
+    for _ in range(3):
+        inputs = torch.randn(active, channels, 1, generator=gen).to(dtype)
+        out = recurrent.convolve(mixer, inputs, step, layer)
+        window = torch.cat([history[:active], inputs], dim=-1).float()  # [R, C, kernel]
+        want = torch.nn.functional.silu(torch.nn.functional.conv1d(
+            window, mixer.conv1d.weight.float(), mixer.conv1d.bias.float(), groups=channels))
+        assert out.shape == (active, channels, 1) and out.dtype == dtype
+        tolerance = 1e-5 if dtype == torch.float32 else 0.05  # bfloat16: products and sum rounded to 8 bits
+        assert (out.float() - want).abs().max().item() <= tolerance
+        history = torch.cat([history[:active], inputs], dim=-1)[..., 1:]
+        assert torch.equal(layer["conv"][:active], history.transpose(1, 2))
+    assert torch.equal(layer["conv"][active:], untouched)

@@ -9,7 +9,7 @@ Kinds (every buffer's first axis is the cache row; the active rows of a batch ar
   ``[rows, 1, max_seq_len, kv_lora_rank]`` and the shared rotary key ``[rows, 1, max_seq_len, rope_dim]``,
   instead of per-head keys and values (a decode step attends in the latent space);
 * ``RecurrentState``: linear attention (gated delta-net) and Mamba-2 layers: the last
-  ``conv_kernel - 1`` inputs of the causal convolution ``[rows, channels, kernel - 1]`` and the
+  ``conv_kernel - 1`` inputs of the causal convolution ``[rows, kernel - 1, channels]`` (channels last) and the
   recurrent state (``[rows, heads, key_dim, value_dim]`` / ``[rows, heads, head_dim, state_size]``),
   constant in size whatever the length: a decode step costs O(1) per token.
 
@@ -81,7 +81,7 @@ class RecurrentState(LayerCache):
 
     def __init__(self, rows: int, conv_channels: int, conv_kernel: int, state_shape: tuple[int, ...],
                  dtype: torch.dtype, state_dtype: torch.dtype, device: torch.device):
-        shapes = {"conv": (rows, conv_channels, conv_kernel - 1), "state": (rows, *state_shape)}
+        shapes = {"conv": (rows, conv_kernel - 1, conv_channels), "state": (rows, *state_shape)}  # conv: channels last
         super().__init__(shapes, {"conv": dtype, "state": state_dtype}, device)
 
 

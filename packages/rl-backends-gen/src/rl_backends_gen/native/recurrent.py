@@ -43,29 +43,34 @@ def install_mamba2(module) -> None:
 
 def convolve(module, inputs: torch.Tensor, step, layer: RecurrentState) -> torch.Tensor:
     """The mixer's causal depthwise convolution of ``inputs`` [B, C, q] (activation applied),
-    continuing from and updating each row's cached last inputs."""
+    continuing from and updating each row's cached last inputs (``layer["conv"]`` [rows, kernel - 1, C]:
+    channels last, so that a decode step's window is ``kernel`` contiguous [R, C] slices)."""
     kernels = sys.modules[type(module).__module__]
     weight, bias = module.conv1d.weight.squeeze(1), module.conv1d.bias  # [C, kernel], [C] or None
-    states = layer["conv"]  # [rows, C, kernel - 1]
+    states = layer["conv"]  # [rows, kernel - 1, C]
     if isinstance(step, DecodeStep):
-        # One output per row: a dot product with the last `kernel` inputs (CPU conv1d costs ~ms per
-        # call at these sizes, this ~10 us); the window's tail becomes the new state.
-        window = torch.cat([states[: inputs.shape[0]], inputs.to(states.dtype)], dim=-1)  # [R, C, kernel]
-        states[: inputs.shape[0]] = window[..., 1:]
-        out = (window * weight).sum(dim=-1, keepdim=True)
+        # One output per row: each channel's dot product with its last `kernel` inputs, summed over the
+        # window's middle axis of `kernel` contiguous [R, C] slices: ~3.5x faster than the same sum over a
+        # last axis of `kernel` elements (64 rows x 1024 channels, bf16, 2-core CPU: 0.15 against 0.55 ms),
+        # and CPU conv1d costs ~ms per call at these sizes. The window's tail becomes the new state.
+        rows = inputs.shape[0]
+        window = torch.cat([states[:rows], inputs.transpose(1, 2).to(states.dtype)], dim=1)  # [R, kernel, C]
+        states[:rows] = window[:, 1:]
+        out = (window * weight.t().contiguous()).sum(dim=1)  # the strided weight.t() would make the product slow
         if bias is not None:
-            out = out + bias[:, None]
-        return ACT2FN[module.activation](out).to(inputs.dtype)  # [R, C, 1]
-    keep = states.shape[-1]
+            out = out + bias
+        return ACT2FN[module.activation](out).to(inputs.dtype)[..., None]  # [R, C, 1]
+    keep = states.shape[1]
     if step.start:
-        before = states[step.first_slot_of_row]
+        before = states[step.first_slot_of_row].transpose(1, 2)
     else:  # zeros: what the convolution's own left padding would read
         before = inputs.new_zeros(inputs.shape[0], inputs.shape[1], keep)
     history = torch.cat([before, inputs], dim=-1)  # [P, C, keep + q]
     out = kernels.causal_conv1d_fn(history, weight, bias, activation=module.activation)[..., keep:]
     # Each row's last `keep` real inputs: history positions lengths .. lengths + keep - 1.
     index = (step.lengths[:, None] + torch.arange(keep, device=inputs.device)[None, :])[:, None, :]
-    states[step.slots] = history.gather(2, index.expand(-1, inputs.shape[1], -1))[step.row_of_slot].to(states.dtype)
+    last = history.gather(2, index.expand(-1, inputs.shape[1], -1))[step.row_of_slot]  # [A, C, keep]
+    states[step.slots] = last.transpose(1, 2).to(states.dtype)
     return out
 
 
