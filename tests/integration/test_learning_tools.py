@@ -937,3 +937,44 @@ def test_the_rloo_cell_with_its_cosine_sized_to_52_steps_falls_less_and_ends_hig
     assert min(r["train/lr"] for r in train) > 0.0  # the 52-step cosine outlasts the 47 steps
     doc = (ROOT / "docs" / "learning.md").read_text()
     assert "| cosine over 52 steps | 47 (30.4) | 0.043 | 0.691 | **0.691** | **0.691** | 3.8 | 22.4 | 0.92 | 7.0 |" in doc
+
+
+def test_trl_on_the_main_recipe_of_today_from_its_kept_cells():
+    """docs/learning.md "TRL on the main recipe of today": the TRL mirror ran the recipe's own settings (16 prompts,
+    the 36-step cosine, the KL term, 256 validation prompts), made 16 steps of ~115 s in the budget, and its
+    two-seed best (0.555, at 30.8 minutes) is reached by the main recipe's three seeds in 0.46x TRL's time and by
+    RLOO's two in 0.26x (the table's rows)."""
+    kept = ROOT / "docs" / "learning"
+    groups = learning.read_sweep(kept / "main_trl_today")
+    trl = groups["trl"]
+    recipe = load_config(GRPORunConfig, recipe_path("grpo_arithmetic_smollm2.yaml"), [])
+    for seed in (0, 1):
+        argv = json.loads((kept / "main_trl_today" / f"trl-s{seed}" / "cell.json").read_text())["argv"]
+        assert argv[:6] == ["python", "bench/trl_grpo_arith.py", "--recipe", "grpo_arithmetic_smollm2.yaml", "--seed",
+                            str(seed)]
+        assert argv[-4:] == ["grpo.max_steps=300", "grpo.max_minutes=30", "data.validation_size=256",
+                             "grpo.val_num_prompts=256"]
+        records = read_jsonl_metrics(kept / "main_trl_today" / f"trl-s{seed}" / "metrics.jsonl")
+        train = [r for r in records if "train/accuracy" in r]
+        seconds = [r["train/time/total"] - r.get("train/time/validate", 0.0) for r in train]
+        assert len(train) == 16 and 110 < sum(seconds) / len(seconds) < 120
+        lr = {r["step"]: r["train/learning_rate"] for r in train}
+        assert lr[1] == pytest.approx(recipe.policy.optimizer.lr) and lr[16] == pytest.approx(0.63 * lr[1], abs=1e-7)
+        assert max(r["train/kl"] for r in train) > 0.1  # the recipe's KL term (TRL's beta) is on
+    assert (recipe.grpo.batch_size, recipe.policy.scheduler.total_steps, recipe.loss.kl_coef) == (16, 36, 0.04)
+    assert [(r.seed, r.steps[-1], max(r.accuracy), r.at_budget(30), round(r.test_accuracy, 3)) for r in trl] == \
+        [(0, 16, 0.55859375, 0.51953125, 0.527), (1, 16, 0.55078125, 0.5, 0.523)]
+    best, minutes = learning.trl_reference(groups)
+    assert (best, round(minutes, 1)) == (0.5546875, 30.8)
+    main = [learning.read_run(kept / folder / f"grpo_arithmetic_smollm2-s{seed}")
+            for folder, seed in (("main_b16", 0), ("main_b16_cos36", 1), ("main_b16", 2))]
+    rloo = [learning.read_run(kept / "main_rloo" / f"rloo-s{seed}") for seed in (0, 1)]
+    ratios = [[round(r.minutes_to(best) / minutes, 2) for r in runs] for runs in (main, rloo)]
+    assert ratios == [[0.28, 0.53, 0.56], [0.31, 0.21]]
+    assert [round(sum(r) / len(r), 2) for r in ratios] == [0.46, 0.26]
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert ("| TRL GRPOTrainer, the main recipe of today | 0, 1 | 16 (30.5-30.8) | 0.043 | 0.555 (0.551-0.559) | "
+            "0.510 (0.500-0.520) | 0.525 (0.523-0.527) | 28.9 (28.8-29.0) | 30.8 (seed 1: its best 0.551 < 0.555) | "
+            "1.00 | 0.0 |") in doc
+    assert "| 7.2 (4.4-9.0) | 14.1 (8.8-17.3) | **0.46** (0.28-0.56) | 0.5 (0.0-1.6) |" in doc
+    assert "| 3.3 (3.2-3.4) | 8.0 (6.6-9.4) | **0.26** (0.21-0.31) | 8.4 (0.4-16.4) |" in doc
