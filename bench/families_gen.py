@@ -7,6 +7,7 @@ Qwen3-MoE (8 experts, 2 per token: the active MLP of SmolLM2's dense one; 320M p
     python bench/families_gen.py --prompts random       # random ids of 40-56 tokens, no shared prefix
     python bench/families_gen.py --phases --chunked-prefill    # prefill and decode/step, token loop vs chunks
     python bench/families_gen.py --dtype bfloat16 --phases --sdpa-decode   # decode attention: matmuls vs SDPA
+    python bench/families_gen.py --families qwen3_moe --hf-forward-decode   # the engine's own decode forward or not
     python bench/families_gen.py --tiny                 # the tiny models, batch 4: a check that it runs
 
 Same protocol as bench/gen_cpu.py (interleaved rounds, best round, temperature 1.0 and no stop token so
@@ -95,9 +96,23 @@ def run_family(family: str, args) -> dict:
             engines["chunked"] = chunked_prefill(engines["native"])
         if args.sdpa_decode:
             engines["sdpa"] = sdpa_decode(engines["native"])
+        if args.hf_forward_decode:
+            engines["hf-fwd"] = hf_forward_decode(native, engines["native"])
         result = (phases if args.phases else rates)(family, engines, args)
         native.shutdown()
     return result
+
+
+def hf_forward_decode(engine, run):
+    """``run`` with ``engine``'s decode steps through transformers' forward instead of the engine's own
+    (``native/direct.py``; the same engine and weights): an in-process A/B of that forward."""
+    def forced(new_tokens: int):
+        direct, engine.direct_decode = engine.direct_decode, None
+        try:
+            return run(new_tokens)
+        finally:
+            engine.direct_decode = direct
+    return forced
 
 
 def chunked_prefill(run):
@@ -173,6 +188,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                         "gated delta rule prefill forced onto transformers' chunked kernel (an A/B of the token loop)")
     parser.add_argument("--sdpa-decode", action="store_true", help="also run the native engine with its decode "
                         "attention on CPU SDPA (its bfloat16 path before 2026-12-06; an A/B of the grouped matmuls)")
+    parser.add_argument("--hf-forward-decode", action="store_true", help="also run the native engine with its "
+                        "decode steps through transformers' forward (an A/B of native/direct.py, the same weights)")
     parser.add_argument("--tiny", action="store_true", help="rl_core.models.tiny's models, batch 4: a quick check")
     args = parser.parse_args(argv)
     args.batch = args.batch or (4 if args.tiny else 64)

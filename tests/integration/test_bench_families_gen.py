@@ -76,6 +76,21 @@ def test_the_sdpa_decode_variant_runs_the_engine_with_sdpa_decode_attention(monk
     assert calls.count(1) == 3
 
 
+def test_the_hf_forward_variant_runs_the_same_engine_through_transformers_forward(monkeypatch):
+    """--hf-forward-decode: a third engine, the native one with its decode steps through transformers' forward
+    instead of its own (native/direct.py); only that engine's decode steps skip the direct forward."""
+    from rl_backends_gen.native.direct import DirectDecode
+
+    calls = []
+    forward = DirectDecode.forward
+    monkeypatch.setattr(DirectDecode, "forward", lambda self, *a: calls.append(1) or forward(self, *a))
+    result = load().main(["--tiny", "--families", "qwen3_moe", "--hf-forward-decode"])
+    assert set(result["qwen3_moe"]) == {"native", "hf", "hf-fwd", "ratio"}
+    assert all(result["qwen3_moe"][name] > 0 for name in ("native", "hf", "hf-fwd"))
+    # the warm-up's 2 new tokens (1 decode step) and the native round's 4 (3 steps); none in hf-fwd's round
+    assert len(calls) == 4
+
+
 def test_profile_kernels_mode_times_reference_and_engine_kernels():
     times = load("families_profile").main(["--kernels", "--batch", "8"])["kernels"]
     assert set(times) == {"experts grouped_mm", "experts eager", "experts engine", "delta rule transformers",

@@ -978,3 +978,33 @@ def test_trl_on_the_main_recipe_of_today_from_its_kept_cells():
             "1.00 | 0.0 |") in doc
     assert "| 7.2 (4.4-9.0) | 14.1 (8.8-17.3) | **0.46** (0.28-0.56) | 0.5 (0.0-1.6) |" in doc
     assert "| 3.3 (3.2-3.4) | 8.0 (6.6-9.4) | **0.26** (0.21-0.31) | 8.4 (0.4-16.4) |" in doc
+
+
+def test_the_rloo_cells_with_the_main_recipes_kl_term_do_not_fall_from_their_kept_cells():
+    """docs/learning.md's RLOO cells with ``loss.kl_coef=0.04``, seeds 0 and 1: at most 0.4 points below their best
+    after step 15 (16.4 and 0.4 without the KL term), a reference forward every step, TRL's best of today in 0.42x
+    TRL's time over the two."""
+    kept = ROOT / "docs" / "learning"
+    today = learning.trl_reference(learning.read_sweep(kept / "main_trl_today"))
+    old = learning.trl_reference(learning.read_sweep(kept / "main"))
+    rows = []
+    for seed in (0, 1):
+        cell = kept / "main_rloo_kl" / f"rloo-s{seed}"
+        argv = json.loads((cell / "cell.json").read_text())["argv"]
+        assert argv[:5] == ["rl", "grpo", "--config", "rloo", f"seed={seed}"]
+        assert argv[-5:] == ["grpo.max_steps=300", "grpo.max_minutes=30", "data.validation_size=256",
+                             "grpo.val_num_prompts=256", "loss.kl_coef=0.04"]
+        train = [r for r in read_jsonl_metrics(cell / "metrics.jsonl") if "train/time/total" in r]
+        assert all("train/time/logprobs" in r for r in train)  # the reference forward ran every step
+        assert max(r["train/kl"] for r in train) > 0.1
+        r = learning.read_run(cell)
+        rows.append((r.steps[-1], round(max(r.accuracy), 3), round(r.at_budget(30), 3), round(r.test_accuracy, 3),
+                     round(r.max_drop_after(15), 1)) +
+                    tuple(round(r.minutes_to(best) / minutes, 2) for best, minutes in (today, old)))
+    assert rows == [(38, 0.672, 0.668, 0.648, 0.4, 0.43, 0.69), (38, 0.715, 0.715, 0.703, 0.0, 0.41, 0.67)]
+    before = [learning.read_run(kept / "main_rloo" / f"rloo-s{seed}").max_drop_after(15) for seed in (0, 1)]
+    assert [round(drop, 1) for drop in before] == [16.4, 0.4]
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert ("| KL 0.04, mean (min-max) | 0, 1 | 38 (30.1-30.8) | 0.043 | 0.693 (0.672-0.715) | **0.691** (0.668-0.715) | "
+            "**0.676** (0.648-0.703) | 6.7 (5.0-8.5) | 12.8 (12.5-13.1) | **0.42** (0.41-0.43) | 16.6 (16.3-17.0) | "
+            "0.68 (0.67-0.69) | **0.2** (0.0-0.4) |") in doc

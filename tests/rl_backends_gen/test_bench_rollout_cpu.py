@@ -32,6 +32,17 @@ def test_tiny_rollout_bench_reports_every_engine(capsys):
     assert out.count("\n") >= 12 and "# temperature 0.0 (greedy)" in out  # header, peak, 2 x (title, header, 4 engines)
 
 
+def test_the_hf_forward_engine_is_the_plain_engine_without_its_direct_forward():
+    bench = load_bench("rollout_cpu")
+    args = bench.parse_args(["--tiny", "--no-vllm", "--engines", "native", "native-hf-forward"])
+    best = bench.run(args)
+    assert list(best) == ["native", "native-hf-forward"]
+    assert best["native"]["tokens"] == best["native-hf-forward"]["tokens"] > 0  # the same samples
+    runners = bench.build_runners(args, bench.tiny_model(args), None, 64, [])
+    assert runners["native"].engine.direct_decode is not None
+    assert runners["native-hf-forward"].engine.direct_decode is None
+
+
 def test_matmul_peak_is_measured():
     peak = load_bench("peak")
     peaks = peak.measure_peaks(["float32", "bfloat16"], peak.TINY_SHAPES, seconds=0.05)

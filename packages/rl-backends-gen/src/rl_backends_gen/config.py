@@ -155,6 +155,11 @@ class GenerationConfig(StrictModel):
     mixture of experts, speculative decoding or record_routing), else runs eagerly; a failed capture
     logs a warning and falls back to eager steps. off: always eager. Same outputs either way (greedy
     token for token); the CPU never captures."""
+    direct_decode: bool = True
+    """native only, on CPU: decode steps of a Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE or Mixtral model run
+    the engine's own forward over the same weights (packed q/k/v and gate/up products, no per-layer
+    transformers wrappers; bitwise the same hidden states; not with record_routing, whose hooks sit on
+    transformers' forward); false: transformers' forward."""
     record_routing: bool = False
     """native only, mixture-of-experts models: each completion carries the experts every MoE layer chose
     for each of its tokens (``Completion.routed_experts``), which the trainer replays with

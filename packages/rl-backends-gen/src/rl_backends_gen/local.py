@@ -15,7 +15,7 @@ def build_local_backend(cfg: GenerationConfig, model_path: str) -> GenerationBac
                             max_seq_len=cfg.max_seq_len, seed=cfg.seed,
                             share_prompt_prefix=cfg.share_prompt_prefix, quantization=cfg.quantization,
                             fp8_scheme=cfg.fp8_scheme, speculative=cfg.speculative, record_routing=cfg.record_routing,
-                            decode_graphs=cfg.decode_graphs)
+                            decode_graphs=cfg.decode_graphs, direct_decode=cfg.direct_decode)
     if cfg.backend == "hf":
         from rl_backends_gen.hf import HFGenerationBackend
 

@@ -25,6 +25,7 @@ import torch
 from rl_backends_gen.native.attention import ATTENTION_NAME, register_attention
 from rl_backends_gen.native.cache import EngineCache
 from rl_backends_gen.native.call import GenerateCall
+from rl_backends_gen.native.direct import DirectDecode
 from rl_backends_gen.native.fp8 import quantize_engine_weights
 from rl_backends_gen.native.graphs import build_decode_graphs
 from rl_backends_gen.native.layers import build_layer_caches
@@ -88,13 +89,17 @@ class NativeEngine:
             only, text only, no MoE, no speculative decoding or routing record), else runs eagerly;
             "off": always eagerly; "static": the graphs' padded shapes run eagerly, without capture
             (on any device; tests hold it to the eager step).
+        direct_decode: on CPU, decode steps of a Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE or Mixtral model run
+            the engine's own forward over the same weights (``direct.py``: packed q/k/v and gate/up products,
+            no per-layer transformers wrappers; the same values, tested bitwise; not with ``record_routing``);
+            False: transformers' forward.
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 64,
                  max_seq_len: int | None = None, seed: int | None = None, tokenizer=None,
                  max_prefill_tokens: int = 16384, share_prompt_prefix: bool = True, quantization: str | None = None,
                  fp8_scheme: str | None = None, speculative=None, record_routing: bool = False,
-                 decode_graphs: str = "auto"):
+                 decode_graphs: str = "auto", direct_decode: bool = True):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if max_batch_size < 1:
@@ -124,6 +129,8 @@ class NativeEngine:
         # After the caches: their construction recognises attention by its nn.Linear projections.
         self.fp8_layers = quantize_engine_weights(self.model, quantization, fp8_scheme)
         self.routing = RoutingRecorder(self.model, self.decoder, self.cache, self.device) if record_routing else None
+        # Llama-style decoders on CPU: the engine's own decode forward (direct.py); None: transformers'.
+        self.direct_decode = DirectDecode.of(self) if direct_decode else None
         self.stats = EngineStats()
         self.speculative = None
         if speculative is not None:  # the proposer (n-gram or a draft with its own cache) and verification
@@ -211,6 +218,8 @@ class NativeEngine:
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, step) -> torch.Tensor:
         """Final hidden states ``[B, L, hidden]`` of the decoder, attention routed through ``step``."""
+        if self.direct_decode is not None and isinstance(step, DecodeStep):
+            return self.direct_decode.forward(input_ids, position_ids, step)
         out = self.decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False, rl_step=step)
         return out.last_hidden_state
 
