@@ -223,6 +223,30 @@ def test_loss_tokens_only_scores_loss_positions_exactly(tiny_model_dir):
     assert logits_needed({"input_ids": batch["input_ids"], "loss_mask": torch.zeros(3, 16)}) == 16
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_policy_and_reference_logprobs_of_loss_tokens_only(tiny_model_dir, packed):
+    """``logprobs(..., loss_tokens_only=True)`` (GRPO's pi_old and reference forwards, DPO's reference):
+    each loss token's logprob is the full forward's, the columns before the first loss column hold 0;
+    padded and shared-prompt packed layouts alike, policy and reference weights alike."""
+    batch = make_grouped_batch(VOCAB, [11, 6, 17], [[5, 9, 1], [12, 3, 8], [4, 6, 10]], seed=3)
+    layout = ({"packing": {"enabled": True, "share_prompts": True, "max_tokens_per_micro_batch": 64}} if packed
+              else {"micro_batch_size": 4})
+    with build_training_backend(local_cfg(reference_model=True, **layout), tiny_model_dir) as policy:
+        policy.train(batch, MaskedNLL())  # policy and reference now differ
+        got = {"policy": policy.logprobs(batch, temperature=0.7, loss_tokens_only=True),
+               "reference": policy.reference_logprobs(batch, temperature=0.7, loss_tokens_only=True)}
+        full = {"policy": policy.logprobs(batch, temperature=0.7),
+                "reference": policy.reference_logprobs(batch, temperature=0.7)}
+    mask = batch["loss_mask"].bool()
+    first = int(torch.nonzero(mask.any(dim=0))[0, 0])
+    assert first == 6
+    assert not torch.allclose(full["policy"][mask], full["reference"][mask])
+    for name in got:
+        assert got[name].shape == full[name].shape
+        assert (got[name][:, :first] == 0).all() and (full[name][:, 1:first] != 0).any()
+        torch.testing.assert_close(got[name][mask], full[name][mask], rtol=0, atol=1e-6)
+
+
 def test_bf16_on_cpu_keeps_fp32_masters(tiny_model_dir, skewed_lengths):
     """dtype=bfloat16 on the CPU is the GPU's mixed precision (FSDP2): bf16 compute, fp32 parameters
     and reductions. A step of ~1e-5 per element, below half a bf16 step of the weights, is kept, and

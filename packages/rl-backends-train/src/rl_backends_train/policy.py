@@ -47,13 +47,16 @@ class TrainPolicy:
         padded, _ = self._pad_for_dp(batch)
         return self._run_all("train", padded, loss_fn, temperature)[0]
 
-    def logprobs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
-        """[B, T] logprobs of ``batch['input_ids']`` under the current weights."""
-        return self._gather_rows("logprobs", batch, temperature=temperature)
+    def logprobs(self, batch: Batch, *, temperature: float = 1.0, loss_tokens_only: bool = False) -> torch.Tensor:
+        """[B, T] logprobs of ``batch['input_ids']`` under the current weights (``loss_tokens_only``: 0
+        before the first column any row's ``loss_mask`` covers; that saves the LM head there)."""
+        return self._gather_rows("logprobs", batch, temperature=temperature, loss_tokens_only=loss_tokens_only)
 
-    def reference_logprobs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
+    def reference_logprobs(self, batch: Batch, *, temperature: float = 1.0,
+                           loss_tokens_only: bool = False) -> torch.Tensor:
         """[B, T] logprobs under the frozen reference (initial weights, or the LoRA base)."""
-        return self._gather_rows("logprobs", batch, temperature=temperature, reference=True)
+        return self._gather_rows("logprobs", batch, temperature=temperature, reference=True,
+                                 loss_tokens_only=loss_tokens_only)
 
     def topk_logits(self, batch: Batch, k: int, *, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """``(values [B, T, k], indices [B, T, k])`` of the temperature-scaled logits scoring each token."""

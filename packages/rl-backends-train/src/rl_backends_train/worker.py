@@ -170,8 +170,10 @@ class TrainWorker(ABC):
     # ----------------------------------------------------------------------------------- inference
 
     @torch.no_grad()
-    def logprobs(self, batch: Batch, temperature: float = 1.0, reference: bool = False) -> torch.Tensor:
-        """[B_local, T] logprobs of this rank's shard (policy or reference weights)."""
+    def logprobs(self, batch: Batch, temperature: float = 1.0, reference: bool = False,
+                 loss_tokens_only: bool = False) -> torch.Tensor:
+        """[B_local, T] logprobs of this rank's shard (policy or reference weights); ``loss_tokens_only``:
+        only from the first ``loss_mask`` column on (``forward.model_outputs``)."""
         local = shard(batch, self.dp_rank, self.cfg.data_parallel_size)
         out = torch.zeros(local["input_ids"].shape, dtype=torch.float32)
 
@@ -181,7 +183,7 @@ class TrainWorker(ABC):
 
         with self._reference_weights(reference) as model, self._compute_precision():
             self._run_micro_batches(model, self._micro_batches(local), keep, backward=False, temperature=temperature,
-                                    need_logits=False, need_entropy=False)
+                                    need_logits=False, need_entropy=False, loss_tokens_only=loss_tokens_only)
         return self._from_last_stage(out)
 
     @torch.no_grad()

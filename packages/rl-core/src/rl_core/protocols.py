@@ -63,12 +63,16 @@ class TrainingBackend(Protocol):
         ``loss``, ``grad_norm`` and ``lr``."""
         ...
 
-    def logprobs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
-        """[B, T] logprobs of ``batch['input_ids']`` under the current weights."""
+    def logprobs(self, batch: Batch, *, temperature: float = 1.0, loss_tokens_only: bool = False) -> torch.Tensor:
+        """[B, T] logprobs of ``batch['input_ids']`` under the current weights. ``loss_tokens_only``:
+        only the columns from the first one any row's ``loss_mask`` covers get logprobs (the others
+        hold 0), which spares the LM head and softmax the prompt columns."""
         ...
 
-    def reference_logprobs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
-        """[B, T] logprobs under the frozen reference (initial or LoRA-base) weights."""
+    def reference_logprobs(self, batch: Batch, *, temperature: float = 1.0,
+                           loss_tokens_only: bool = False) -> torch.Tensor:
+        """[B, T] logprobs under the frozen reference (initial or LoRA-base) weights (``loss_tokens_only``
+        as in ``logprobs``)."""
         ...
 
     def topk_logits(self, batch: Batch, k: int, *, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -84,7 +84,7 @@ def distill_validation(cfg: DistillConfig, loss_fn: DistillationKLLoss, student:
 
     def teacher_fit(batch: Batch, normalizer: Normalizer) -> Metrics:
         # Mean per-token logprob of the student's own samples under the teacher (higher: closer).
-        teacher_logprobs = teacher.logprobs(batch, temperature=cfg.temperature)
+        teacher_logprobs = teacher.logprobs(batch, temperature=cfg.temperature, loss_tokens_only=True)
         return {"teacher_logprob": float((teacher_logprobs * loss_token_mask(batch)).sum() / normalizer.num_valid_tokens),
                 "response_length_mean": float(batch["response_lengths"].sum()) / num_rows}
 

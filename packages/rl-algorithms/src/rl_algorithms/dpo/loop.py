@@ -44,8 +44,9 @@ def dpo_train(cfg: DPOConfig, policy: TrainingBackend, train_pairs: Sequence[Pai
 
 
 def add_reference_logprobs(policy: TrainingBackend, batch: Batch) -> None:
-    """``ref_logprobs`` [B, T]: the frozen reference (initial weights, or the LoRA base)."""
-    batch["ref_logprobs"] = policy.reference_logprobs(batch).float()
+    """``ref_logprobs`` [B, T]: the frozen reference (initial weights, or the LoRA base), on the
+    ``loss_mask`` columns (the loss reads no other)."""
+    batch["ref_logprobs"] = policy.reference_logprobs(batch, loss_tokens_only=True).float()
 
 
 def dpo_validation(policy: TrainingBackend, loss_fn: DPOLoss, pairs: Sequence[Pair], pad_token_id: int,
@@ -57,6 +58,6 @@ def dpo_validation(policy: TrainingBackend, loss_fn: DPOLoss, pairs: Sequence[Pa
 
     def outputs_of(batch: Batch) -> ModelOutputs:
         add_reference_logprobs(policy, batch)
-        return ModelOutputs(logprobs=policy.logprobs(batch).float())
+        return ModelOutputs(logprobs=policy.logprobs(batch, loss_tokens_only=True).float())
 
     return evaluate_loss(loss_fn, batches, outputs_of)

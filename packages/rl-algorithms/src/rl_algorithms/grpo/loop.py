@@ -173,11 +173,12 @@ def log_examples(logger: MetricsSink | None, episodes: Sequence[Any], count: int
 def compute_prev_and_ref_logprobs(policy: TrainingBackend, batch: Batch, temperature: float, *,
                                   need_reference: bool, need_prev: bool = True) -> None:
     """Add ``prev_logprobs`` (the policy before this step's updates) and, for a KL term,
-    ``ref_logprobs`` to ``batch``."""
+    ``ref_logprobs`` to ``batch``: on the ``loss_mask`` columns only (the prompt's need no LM head)."""
     if need_prev:
-        batch["prev_logprobs"] = policy.logprobs(batch, temperature=temperature).float()
+        batch["prev_logprobs"] = policy.logprobs(batch, temperature=temperature, loss_tokens_only=True).float()
     if need_reference:
-        batch["ref_logprobs"] = policy.reference_logprobs(batch, temperature=temperature).float()
+        batch["ref_logprobs"] = policy.reference_logprobs(batch, temperature=temperature,
+                                                          loss_tokens_only=True).float()
 
 
 def has_learning_signal(batch: Batch, loss_cfg: LossConfig) -> bool:
