@@ -1008,3 +1008,33 @@ def test_the_rloo_cells_with_the_main_recipes_kl_term_do_not_fall_from_their_kep
     assert ("| KL 0.04, mean (min-max) | 0, 1 | 38 (30.1-30.8) | 0.043 | 0.693 (0.672-0.715) | **0.691** (0.668-0.715) | "
             "**0.676** (0.648-0.703) | 6.7 (5.0-8.5) | 12.8 (12.5-13.1) | **0.42** (0.41-0.43) | 16.6 (16.3-17.0) | "
             "0.68 (0.67-0.69) | **0.2** (0.0-0.4) |") in doc
+
+
+def test_the_rloo_cells_with_the_kl_term_rerun_alone_meet_both_targets():
+    """docs/learning.md's RLOO + ``loss.kl_coef=0.04`` cells rerun alone on the machine, the reference forward on the
+    answers' tokens only: held-out >= 0.55 at 30 minutes and at most 0.4 points below the best after step 15 on both
+    seeds, TRL's best of today in 0.37x and 0.40x TRL's time (0.39x over the two); seed 0's curve is the first run's."""
+    kept = ROOT / "docs" / "learning"
+    today = learning.trl_reference(learning.read_sweep(kept / "main_trl_today"))
+    rows, steps = [], []
+    for seed in (0, 1):
+        cell = kept / "main_rloo_kl_quiet" / f"rloo-s{seed}"
+        argv = json.loads((cell / "cell.json").read_text())["argv"]
+        assert argv[:5] == ["rl", "grpo", "--config", "rloo", f"seed={seed}"]
+        assert argv[-5:] == ["grpo.max_steps=300", "grpo.max_minutes=30", "data.validation_size=256",
+                             "grpo.val_num_prompts=256", "loss.kl_coef=0.04"]
+        train = [r for r in read_jsonl_metrics(cell / "metrics.jsonl") if "train/time/total" in r]
+        assert all("train/time/logprobs" in r for r in train) and max(r["train/kl"] for r in train) > 0.1
+        r = learning.read_run(cell)
+        rows.append((r.steps[-1], round(r.at_budget(30), 3), round(r.test_accuracy, 3), round(r.max_drop_after(15), 1),
+                     round(r.minutes_to(today[0]), 2), round(r.minutes_to(today[0]) / today[1], 3)))
+        steps.append([round(a, 3) for a in r.accuracy])
+    assert rows == [(38, 0.668, 0.648, 0.4, 11.52, 0.374), (39, 0.723, 0.711, 0.0, 12.38, 0.402)]
+    assert all(at_30 >= 0.55 and drop <= 5 for _, at_30, _, drop, _, _ in rows)
+    assert round(sum(ratio for *_, ratio in rows) / 2, 2) == 0.39
+    first = learning.read_run(kept / "main_rloo_kl" / "rloo-s0")
+    assert steps[0] == [round(a, 3) for a in first.accuracy]  # the same curve, the steps faster
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert ("| mean (min-max) | 0, 1 | 38-39 (30.1-30.6) | 0.043 | 0.697 (0.672-0.723) | **0.695** (0.668-0.723) | "
+            "**0.680** (0.648-0.711) | 6.0 (3.9-8.1) | 11.9 (11.5-12.4) | **0.39** (0.37-0.40) | 15.6 (15.2-16.0) | "
+            "0.64 (0.62-0.65) | **0.2** (0.0-0.4) |") in doc
