@@ -980,6 +980,18 @@ def test_trl_on_the_main_recipe_of_today_from_its_kept_cells():
     assert "| 3.3 (3.2-3.4) | 8.0 (6.6-9.4) | **0.26** (0.21-0.31) | 8.4 (0.4-16.4) |" in doc
 
 
+def _rloo_kl_cell(cell, seed: int):
+    """A kept RLOO cell run with the main recipe's KL term (its command checked, a reference forward every step)."""
+    argv = json.loads((cell / "cell.json").read_text())["argv"]
+    assert argv[:5] == ["rl", "grpo", "--config", "rloo", f"seed={seed}"]
+    assert argv[-5:] == ["grpo.max_steps=300", "grpo.max_minutes=30", "data.validation_size=256",
+                         "grpo.val_num_prompts=256", "loss.kl_coef=0.04"]
+    train = [r for r in read_jsonl_metrics(cell / "metrics.jsonl") if "train/time/total" in r]
+    assert all("train/time/logprobs" in r for r in train)  # the reference forward ran every step
+    assert max(r["train/kl"] for r in train) > 0.1
+    return learning.read_run(cell)
+
+
 def test_the_rloo_cells_with_the_main_recipes_kl_term_do_not_fall_from_their_kept_cells():
     """docs/learning.md's RLOO cells with ``loss.kl_coef=0.04``, seeds 0 and 1: at most 0.4 points below their best
     after step 15 (16.4 and 0.4 without the KL term), a reference forward every step, TRL's best of today in 0.42x
@@ -989,15 +1001,7 @@ def test_the_rloo_cells_with_the_main_recipes_kl_term_do_not_fall_from_their_kep
     old = learning.trl_reference(learning.read_sweep(kept / "main"))
     rows = []
     for seed in (0, 1):
-        cell = kept / "main_rloo_kl" / f"rloo-s{seed}"
-        argv = json.loads((cell / "cell.json").read_text())["argv"]
-        assert argv[:5] == ["rl", "grpo", "--config", "rloo", f"seed={seed}"]
-        assert argv[-5:] == ["grpo.max_steps=300", "grpo.max_minutes=30", "data.validation_size=256",
-                             "grpo.val_num_prompts=256", "loss.kl_coef=0.04"]
-        train = [r for r in read_jsonl_metrics(cell / "metrics.jsonl") if "train/time/total" in r]
-        assert all("train/time/logprobs" in r for r in train)  # the reference forward ran every step
-        assert max(r["train/kl"] for r in train) > 0.1
-        r = learning.read_run(cell)
+        r = _rloo_kl_cell(kept / "main_rloo_kl" / f"rloo-s{seed}", seed)
         rows.append((r.steps[-1], round(max(r.accuracy), 3), round(r.at_budget(30), 3), round(r.test_accuracy, 3),
                      round(r.max_drop_after(15), 1)) +
                     tuple(round(r.minutes_to(best) / minutes, 2) for best, minutes in (today, old)))
@@ -1018,14 +1022,7 @@ def test_the_rloo_cells_with_the_kl_term_rerun_alone_meet_both_targets():
     today = learning.trl_reference(learning.read_sweep(kept / "main_trl_today"))
     rows, steps = [], []
     for seed in (0, 1):
-        cell = kept / "main_rloo_kl_quiet" / f"rloo-s{seed}"
-        argv = json.loads((cell / "cell.json").read_text())["argv"]
-        assert argv[:5] == ["rl", "grpo", "--config", "rloo", f"seed={seed}"]
-        assert argv[-5:] == ["grpo.max_steps=300", "grpo.max_minutes=30", "data.validation_size=256",
-                             "grpo.val_num_prompts=256", "loss.kl_coef=0.04"]
-        train = [r for r in read_jsonl_metrics(cell / "metrics.jsonl") if "train/time/total" in r]
-        assert all("train/time/logprobs" in r for r in train) and max(r["train/kl"] for r in train) > 0.1
-        r = learning.read_run(cell)
+        r = _rloo_kl_cell(kept / "main_rloo_kl_quiet" / f"rloo-s{seed}", seed)
         rows.append((r.steps[-1], round(r.at_budget(30), 3), round(r.test_accuracy, 3), round(r.max_drop_after(15), 1),
                      round(r.minutes_to(today[0]), 2), round(r.minutes_to(today[0]) / today[1], 3)))
         steps.append([round(a, 3) for a in r.accuracy])
