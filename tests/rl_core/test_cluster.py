@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rl_core.cluster import ClusterConfig, WorkerError, WorkerGroup, init_ray
+from rl_core.cluster import ClusterConfig, WorkerError, WorkerGroup, init_ray, malloc
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,9 +28,10 @@ class SumWorker:
 
     def env(self) -> dict[str, str]:
         keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TOKENIZERS_PARALLELISM",
-                "RL_TEST_VAR"]
+                "RL_TEST_VAR", "RL_MALLOC"]
         return {k: os.environ.get(k) for k in keys} | {"threads": torch.get_num_threads(),
-                                                         "backend": dist.get_backend()}
+                                                         "backend": dist.get_backend(),
+                                                         "retains_freed_memory": malloc.retaining()}
 
     def add(self, x: float, *, times: int = 1) -> float:
         return self.value.item() + x * times
@@ -73,6 +74,10 @@ def test_ranks_get_their_environment(group):
     assert {e["RL_TEST_VAR"] for e in envs} == {"yes"}
     assert {e["threads"] for e in envs} == {2}
     assert {e["backend"] for e in envs} == {"gloo"}
+    # cluster.malloc (default auto) reaches the ranks, and CPU ranks keep freed memory (glibc)
+    assert {e["RL_MALLOC"] for e in envs} == {"auto"}
+    if malloc.is_glibc():
+        assert {e["retains_freed_memory"] for e in envs} == {True}
 
 
 def test_run_rank_and_per_rank_args(group):

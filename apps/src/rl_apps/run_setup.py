@@ -1,7 +1,7 @@
 """The one setup path of every training command (grpo, sft, dpo, rm, distill, xtoken-distill)::
 
-    start_run(cfg)      seed; the model and its tokenizer (a name, an HF directory, or a run, checkpoint
-                        step or policy/ directory)                               (nothing written)
+    start_run(cfg)      malloc (cluster.malloc); seed; the model and its tokenizer (a name, an HF
+                        directory, or a run, checkpoint step or policy/ directory)  (nothing written)
     <the command checks lengths against the model's context (check_fits_context) and reads its data:
      a bad file is a DataError, exit 2>                                          (nothing written)
     open_run(cfg)       checks the output directory (a previous run there is refused unless resuming or
@@ -43,7 +43,8 @@ from rl_backends_gen import GenerationConfig, build_generation_backend
 from rl_backends_train import TrainBackendConfig, build_training_backend
 from rl_checkpoint import hf_model_dir
 from rl_checkpoint.layout import POLICY_DIR
-from rl_core.cluster import ClusterConfig, init_ray
+from rl_core.cluster import ClusterConfig, init_ray, malloc
+from rl_core.cluster.config import use_placement
 from rl_core.config import ConfigError, ConfigProblem, dump_config
 from rl_core.data_files import Loaded
 from rl_core.logging import MetricsLogger
@@ -58,10 +59,20 @@ def start_run(cfg: RunConfig) -> tuple[str, Any]:
     is written); seed everything; ``(local HF directory, tokenizer)`` of ``cfg.model``, whose layers
     ``policy.lora.target_modules`` must name."""
     _claim(cfg, Path(cfg.output_dir).absolute(), current_invocation())
+    use_process_settings(cfg.cluster)
     set_seed(cfg.seed)
     model_path, tokenizer = resolve_with_tokenizer(cfg.model)
     check_lora_targets(cfg.policy, model_path)
     return model_path, tokenizer
+
+
+def use_process_settings(cluster: ClusterConfig) -> None:
+    """``cluster.malloc`` for this process (its workers get it through their environment), and the
+    cluster's placement as the default of the worker groups built in-process too."""
+    import torch
+
+    use_placement(cluster)
+    malloc.apply(cluster.malloc, on_gpu=torch.cuda.is_available())
 
 
 def resolve_with_tokenizer(model: str) -> tuple[str, Any]:

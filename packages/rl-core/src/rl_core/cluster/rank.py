@@ -11,6 +11,8 @@ import os
 import socket
 import traceback
 
+from rl_core.cluster import malloc
+
 
 def free_port() -> int:
     """A TCP port that is free on this machine right now."""
@@ -95,7 +97,7 @@ class RankRuntime:
               master_port: int, env: dict[str, str], torch_threads: int | None, pg_timeout_s: float,
               init_process_group: bool = True, ray_actor: bool = False) -> str:
         """Export the rank's environment, set torch threads, pick the CUDA device (from Ray's assigned
-        GPUs in a Ray actor: ``cuda_device_index``) and initialise the default process group. Returns
+        GPUs in a Ray actor: ``cuda_device_index``), set malloc as ``cluster.malloc`` says and initialise the default process group. Returns
         the torch.distributed backend used."""
         import torch
         import torch.distributed as dist
@@ -119,6 +121,7 @@ class RankRuntime:
         use_cuda = device is not None
         if use_cuda:
             torch.cuda.set_device(device)
+        malloc.apply(os.environ.get(malloc.ENV_VAR, "system"), on_gpu=use_cuda)
         backend = "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
         if init_process_group and not dist.is_initialized():
             dist.init_process_group(
