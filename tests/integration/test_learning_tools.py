@@ -1041,3 +1041,27 @@ def test_the_rloo_cells_with_the_kl_term_rerun_alone_hold_on_three_seeds():
     assert ("| mean (min-max), seeds 0-2 | 0, 1, 2 | 38-41 (30.1-30.6) | 0.043 | 0.681 (0.648-0.723) | **0.677** "
             "(0.641-0.723) | **0.665** (0.637-0.711) | 6.4 (3.9-8.1) | 12.8 (11.5-14.5) | 0.42 (0.37-0.47) | "
             "16.4 (15.2-18.1) | 0.67 (0.62-0.74) | **0.4** (0.0-0.8) |") in doc
+
+
+def test_the_main_recipe_keeping_freed_memory_beside_trl_on_one_machine_from_their_kept_cells():
+    """docs/learning.md's seed-0 cells of 2026-12-07: the main recipe with glibc keeping freed memory (the
+    default ``cluster.malloc``) and TRL on the same machine: TRL's best (0.582) in 0.17x TRL's time, ~29 s a
+    step, at most 1.2 points below the best after step 15."""
+    kept = ROOT / "docs" / "learning"
+    cell = kept / "main_retain" / "grpo_arithmetic_smollm2-s0"
+    argv = json.loads((cell / "cell.json").read_text())["argv"]
+    assert argv[:5] == ["rl", "grpo", "--config", "grpo_arithmetic_smollm2", "seed=0"]
+    assert not any(arg.startswith("cluster.") for arg in argv)  # the recipe's own (default) malloc mode
+    best, minutes = learning.trl_reference(learning.read_sweep(kept / "main_trl_xeon"))
+    assert (round(best, 3), round(minutes, 1)) == (0.582, 31.2)
+    r = learning.read_run(cell)
+    assert (r.steps[-1], round(r.at_budget(30), 3), round(r.test_accuracy, 3), round(r.max_drop_after(15), 1)) == (
+        63, 0.688, 0.688, 1.2)
+    assert (round(r.minutes_to(best), 1), round(r.minutes_to(best) / minutes, 2)) == (5.2, 0.17)
+    train = [x for x in read_jsonl_metrics(cell / "metrics.jsonl") if "train/time/total" in x]
+    phases = ("generate", "logprobs", "train", "refit")
+    step = sum(sum(x[f"train/time/{p}"] for p in phases) for x in train) / len(train)
+    assert round(step, 1) == 28.8
+    doc = (ROOT / "docs" / "learning.md").read_text()
+    assert "| the main recipe (GRPO) | 63 (30.2) | 0.043 | 0.688 | **0.688** | **0.688** | 2.8 | 5.2 | **0.17** | **1.2** |" in doc
+    assert "| TRL GRPOTrainer, the main recipe | 17 (31.2) | 0.043 | 0.582 | 0.520 | 0.574 | 27.5 | 31.2 | 1.00 | 0.0 |" in doc
