@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from rl_core.cluster.malloc import ENV_VAR as MALLOC_ENV_VAR
+from rl_core.cluster.malloc import MallocMode
 from rl_core.config.base import StrictModel
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class ClusterConfig(StrictModel):
     env_vars: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for every worker process."""
 
-    malloc: Literal["auto", "retain", "system"] = "auto"
+    malloc: MallocMode = "auto"
     """glibc's malloc in this program and its workers: "retain" keeps large freed blocks for reuse instead
     of returning them to the kernel (CPU training steps allocate vocab-sized tensors for every micro-batch,
     and faulting fresh pages in for each took ~1/4 of the main recipe's training step); the processes keep

@@ -7,7 +7,7 @@ training step on CPU allocates vocab-sized tensors for every micro-batch (the lo
 gradient, the tied embedding's gradient: 113 MB each for SmolLM2's 49152 x 576 table), so page
 faults take a large share of it. ``retain`` turns both off for the process (``mallopt``: no mmap
 for large blocks, no trimming), so a freed block is reused by the next allocation: the main
-recipe's training step takes ~0.75x the time (docs/benchmarks.md). The cost: the process keeps
+recipe's training step takes 0.74x the time (docs/benchmarks.md). The cost: the process keeps
 the memory of its peak. ``auto`` retains in the processes that use no GPU. The setting lasts for
 the life of the process; glibc only (elsewhere nothing is changed).
 """
