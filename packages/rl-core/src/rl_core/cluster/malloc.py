@@ -18,7 +18,7 @@ import ctypes
 import logging
 import platform
 import sys
-from typing import Literal
+from typing import Literal, get_args
 
 logger = logging.getLogger(__name__)
 
@@ -26,21 +26,21 @@ MallocMode = Literal["auto", "retain", "system"]
 ENV_VAR = "RL_MALLOC"
 """Carries ``cluster.malloc`` to the worker processes, which apply it once they know their device."""
 
-GLIBC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
-"""``retain`` for a process that is not ours (a child started with these in its environment: glibc reads
-them at start-up), e.g. a peer engine compared on the same allocator setting."""
-
 # mallopt(3) parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _INT_MAX = 2**31 - 1
+
+GLIBC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(_INT_MAX)}
+"""``retain`` for a process that is not ours (a child started with these in its environment: glibc reads
+them at start-up), e.g. a peer engine compared on the same allocator setting."""
 
 _retaining = False
 
 
 def retains(mode: str, *, on_gpu: bool) -> bool:
     """Whether a process in ``mode`` keeps freed memory (``auto``: when it uses no GPU)."""
-    if mode not in ("auto", "retain", "system"):
+    if mode not in get_args(MallocMode):
         raise ValueError(f"cluster.malloc must be auto, retain or system, got {mode!r}")
     return mode == "retain" or (mode == "auto" and not on_gpu)
 
