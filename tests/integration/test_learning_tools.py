@@ -1044,24 +1044,33 @@ def test_the_rloo_cells_with_the_kl_term_rerun_alone_hold_on_three_seeds():
 
 
 def test_the_main_recipe_keeping_freed_memory_beside_trl_on_one_machine_from_their_kept_cells():
-    """docs/learning.md's seed-0 cells of 2026-12-07: the main recipe with glibc keeping freed memory (the
-    default ``cluster.malloc``) and TRL on the same machine: TRL's best (0.582) in 0.17x TRL's time, ~29 s a
-    step, at most 1.2 points below the best after step 15."""
+    """docs/learning.md's cells of 2026-12-07: the main recipe with glibc keeping freed memory (the default
+    ``cluster.malloc``), seeds 0, 1 and 2, and TRL on the same machine: TRL's best (0.582) in 0.26x TRL's time
+    over the three (each within the 0.4x target), ~28 s a step, held-out >= 0.629 at 30 minutes, at most 1.2
+    points below the best after step 15."""
     kept = ROOT / "docs" / "learning"
-    cell = kept / "main_retain" / "grpo_arithmetic_smollm2-s0"
-    argv = json.loads((cell / "cell.json").read_text())["argv"]
-    assert argv[:5] == ["rl", "grpo", "--config", "grpo_arithmetic_smollm2", "seed=0"]
-    assert not any(arg.startswith("cluster.") for arg in argv)  # the recipe's own (default) malloc mode
     best, minutes = learning.trl_reference(learning.read_sweep(kept / "main_trl_xeon"))
     assert (round(best, 3), round(minutes, 1)) == (0.582, 31.2)
-    r = learning.read_run(cell)
-    assert (r.steps[-1], round(r.at_budget(30), 3), round(r.test_accuracy, 3), round(r.max_drop_after(15), 1)) == (
-        63, 0.688, 0.688, 1.2)
-    assert (round(r.minutes_to(best), 1), round(r.minutes_to(best) / minutes, 2)) == (5.2, 0.17)
-    train = [x for x in read_jsonl_metrics(cell / "metrics.jsonl") if "train/time/total" in x]
-    phases = ("generate", "logprobs", "train", "refit")
-    step = sum(sum(x[f"train/time/{p}"] for p in phases) for x in train) / len(train)
-    assert round(step, 1) == 28.8
+    expected = {0: (63, 0.688, 0.688, 1.2, 5.2, 0.17, 28.8), 1: (65, 0.664, 0.672, 0.0, 9.5, 0.30, 27.8),
+                2: (65, 0.629, 0.652, 0.0, 9.9, 0.32, 28.1)}
+    ratios = []
+    for seed, values in expected.items():
+        cell = kept / "main_retain" / f"grpo_arithmetic_smollm2-s{seed}"
+        argv = json.loads((cell / "cell.json").read_text())["argv"]
+        assert argv[:5] == ["rl", "grpo", "--config", "grpo_arithmetic_smollm2", f"seed={seed}"]
+        assert not any(arg.startswith("cluster.") for arg in argv)  # the recipe's own (default) malloc mode
+        r = learning.read_run(cell)
+        train = [x for x in read_jsonl_metrics(cell / "metrics.jsonl") if "train/time/total" in x]
+        phases = ("generate", "logprobs", "train", "refit")
+        step = sum(sum(x[f"train/time/{p}"] for p in phases) for x in train) / len(train)
+        ratios.append(r.minutes_to(best) / minutes)
+        assert (r.steps[-1], round(r.at_budget(30), 3), round(r.test_accuracy, 3), round(r.max_drop_after(15), 1),
+                round(r.minutes_to(best), 1), round(ratios[-1], 2), round(step, 1)) == values
+    assert round(sum(ratios) / len(ratios), 2) == 0.26 and max(ratios) <= 0.4  # the issue's target, on every seed
     doc = (ROOT / "docs" / "learning.md").read_text()
-    assert "| the main recipe (GRPO) | 63 (30.2) | 0.043 | 0.688 | **0.688** | **0.688** | 2.8 | 5.2 | **0.17** | **1.2** |" in doc
-    assert "| TRL GRPOTrainer, the main recipe | 17 (31.2) | 0.043 | 0.582 | 0.520 | 0.574 | 27.5 | 31.2 | 1.00 | 0.0 |" in doc
+    for row in ("| the main recipe (GRPO), seed 0 | 63 (30.2) | 0.043 | 0.688 | **0.688** | **0.688** | 2.8 | 5.2 | **0.17** | **1.2** |",
+                "| seed 1 (2026-12-07 03:44-04:20 UTC) | 65 (30.1) | 0.043 | 0.664 | 0.664 | 0.672 | 5.0 | 9.5 | 0.30 | 0.0 |",
+                "| seed 2 (04:20-04:57 UTC) | 65 (30.4) | 0.043 | 0.629 | 0.629 | 0.652 | 4.9 | 9.9 | 0.32 | 0.0 |",
+                "| **the main recipe, mean of seeds 0-2** | 64 | 0.043 | 0.660 | **0.660** | **0.671** | 4.2 | 8.2 | **0.26** | **0.4** |",
+                "| TRL GRPOTrainer, the main recipe | 17 (31.2) | 0.043 | 0.582 | 0.520 | 0.574 | 27.5 | 31.2 | 1.00 | 0.0 |"):
+        assert row in doc
