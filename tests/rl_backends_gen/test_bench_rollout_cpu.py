@@ -48,3 +48,19 @@ def test_matmul_peak_is_measured():
     peaks = peak.measure_peaks(["float32", "bfloat16"], peak.TINY_SHAPES, seconds=0.05)
     assert set(peaks) == {(d, s) for d in ("float32", "bfloat16") for s in peak.TINY_SHAPES}
     assert all(value > 0.1 for value in peaks.values())
+
+
+def test_prompts_take_a_recipes_task_settings(tmp_path):
+    """``--recipe grpo_arithmetic_smollm2``: the main job's questions (its instruction, sums only)."""
+    from transformers import AutoTokenizer
+
+    from rl_core.models import save_tiny_model
+
+    bench = load_bench("rollout_cpu")
+    assert bench.parse_args(["--recipe", "grpo_arithmetic_smollm2"]).recipe == "grpo_arithmetic_smollm2"
+    tokenizer = AutoTokenizer.from_pretrained(save_tiny_model(tmp_path, family="llama"))
+    main_job = [tokenizer.decode(p) for p in bench.make_prompts(tokenizer, 16, "grpo_arithmetic_smollm2")]
+    default = [tokenizer.decode(p) for p in bench.make_prompts(tokenizer, 16)]
+    assert all("First write the sum, then your final answer as \\boxed{ANSWER}." in p for p in main_job)
+    assert not any(" - " in p for p in main_job) and any(" - " in p for p in default)
+    assert not any("First write the sum" in p for p in default)
