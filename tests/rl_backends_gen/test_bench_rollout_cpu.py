@@ -6,6 +6,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -58,6 +60,10 @@ def test_prompts_take_a_recipes_task_settings(tmp_path):
 
     bench = load_bench("rollout_cpu")
     assert bench.parse_args(["--recipe", "grpo_arithmetic_smollm2"]).recipe == "grpo_arithmetic_smollm2"
+    for bad in ("no_such_recipe", "sft_tiny"):  # unknown; not the arithmetic task
+        with pytest.raises(SystemExit) as exit_info:
+            bench.parse_args(["--recipe", bad])
+        assert exit_info.value.code == 2
     tokenizer = AutoTokenizer.from_pretrained(save_tiny_model(tmp_path, family="llama"))
     main_job = [tokenizer.decode(p) for p in bench.make_prompts(tokenizer, 16, "grpo_arithmetic_smollm2")]
     default = [tokenizer.decode(p) for p in bench.make_prompts(tokenizer, 16)]
