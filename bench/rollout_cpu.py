@@ -71,10 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
         if not Path(recipe_path(args.recipe)).exists():
             parser.error(f"--recipe {args.recipe}: no such recipe; use one of {', '.join(list_recipes())}")
-        with open(recipe_path(args.recipe)) as f:
-            if (yaml.safe_load(f).get("data") or {}).get("kind") != "arithmetic":
-                parser.error(f"--recipe {args.recipe}: its data is not the arithmetic task; use a recipe whose "
-                             "data.kind is arithmetic, e.g. grpo_arithmetic_smollm2")
+        if recipe_data(args.recipe).get("kind") != "arithmetic":
+            parser.error(f"--recipe {args.recipe}: its data is not the arithmetic task; use a recipe whose "
+                         "data.kind is arithmetic, e.g. grpo_arithmetic_smollm2")
     if args.tiny:
         args.prompts, args.samples, args.max_new_tokens, args.rounds = 4, 2, 16, 1
         args.draft_layers, args.max_batch_size, args.dtype = 1, 8, "float32"
@@ -86,15 +85,18 @@ def make_prompts(tokenizer, count: int, recipe: str | None = None) -> list[list[
     those of ``recipe``'s ``data`` section (its instruction, digits, operators, ...)."""
     from rl_environments import ArithmeticDatasetConfig
 
-    settings = {}
-    if recipe is not None:
-        from rl_apps import recipe_path
-
-        with open(recipe_path(recipe)) as f:
-            settings = yaml.safe_load(f)["data"]
+    settings = recipe_data(recipe) if recipe is not None else {}
     samples = ArithmeticDatasetConfig(**settings).build("test", count)
     return [list(tokenizer.apply_chat_template(s.messages, add_generation_prompt=True, return_dict=False))
             for s in samples]
+
+
+def recipe_data(recipe: str) -> dict:
+    """The ``data`` section of the packaged recipe ``recipe`` ({} if it has none)."""
+    from rl_apps import recipe_path
+
+    with open(recipe_path(recipe)) as f:
+        return yaml.safe_load(f).get("data") or {}
 
 
 def native_engine(model_path, args, max_seq_len, speculative, direct_decode: bool = True):
