@@ -1,10 +1,14 @@
 """`rl grpo` and `rl distill` with generation.speculative.train_draft on the tiny model: every step logs the
-draft's distillation loss next to the acceptance rate of that step's rollouts."""
+draft's distillation loss next to the acceptance rate of that step's rollouts; the run's checkpoints carry
+the draft (a resumed run goes on with it) and the run ends by saving it as an HF model."""
 
 from __future__ import annotations
 
 import math
 import os
+import shutil
+
+from safetensors.torch import load_file
 
 from rl_apps import recipe_path
 from rl_apps.cli import main
@@ -43,3 +47,32 @@ def test_on_policy_distillation_trains_the_draft_too(tmp_path):
                  "distill.max_steps=2", "distill.val_every=2", "checkpointing.save_at_end=false", *ONLINE_DRAFT])
     assert code == 0
     assert_draft_metrics(read_jsonl_metrics(tmp_path / "run" / "metrics.jsonl"), [1, 2])
+
+
+DRAFT_KEYS = ("train/draft/distill_loss", "train/draft/distill_loss_last", "train/draft/tokens",
+              "train/speculative/proposed_tokens", "train/speculative/accepted_tokens")
+"""What a step logs of its draft, wall-clock measurements left out."""
+
+
+def test_a_resumed_run_goes_on_with_the_draft_its_checkpoint_kept(tmp_path, rl):
+    os.environ.setdefault("RL_CACHE_DIR", str(tmp_path / "rl-cache"))
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    args = ["grpo", "--config", recipe_path("grpo_smoke_tiny.yaml"), "grpo.max_steps=3", "grpo.val_every=0",
+            "logger.progress_bar=false", "checkpointing.every_n_steps=1", "checkpointing.keep_last=3", *ONLINE_DRAFT]
+    result = rl(*args, f"output_dir={straight}")
+    assert result.code == 0 and f"speculative draft saved to {straight / 'draft'}" in result.out
+    # the run stopped after step 2: its last checkpoint is step 2's
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_000003")
+    shutil.rmtree(resumed / "draft")
+    assert (resumed / "checkpoints" / "step_000002" / "draft.pt").is_file()
+    result = rl(*args, f"output_dir={resumed}", "checkpointing.resume=true")
+    assert result.code == 0 and "resumed from" in result.out
+
+    def step3(out):
+        (record,) = [r for r in read_jsonl_metrics(out / "metrics.jsonl") if r["step"] == 3 and DRAFT_KEYS[0] in r]
+        return {key: record[key] for key in DRAFT_KEYS}
+
+    assert step3(resumed) == step3(straight)  # a draft started over at step 3 is far from the policy
+    ours, theirs = load_file(straight / "draft" / "model.safetensors"), load_file(resumed / "draft" / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all(ours[name].equal(theirs[name]) for name in ours)

@@ -81,10 +81,10 @@ def interrupt_at_save(monkeypatch, step: int) -> None:
     """Ctrl-C while checkpoint ``step`` is being saved: its metrics are logged, the checkpoint is not."""
     save = CheckpointManager.save
 
-    def save_or_stop(self, done, policy, state):
+    def save_or_stop(self, done, policy, state, files=None):
         if done == step:
             raise KeyboardInterrupt
-        return save(self, done, policy, state)
+        return save(self, done, policy, state, files)
 
     monkeypatch.setattr(CheckpointManager, "save", save_or_stop)
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rl_algorithms.draft import train_draft
+from rl_algorithms.checkpointing import CheckpointError
+from rl_algorithms.draft import DRAFT_FILE, draft_files, export_draft, restore_draft, train_draft
 from rl_backends_gen.config import GenerationConfig, SpeculativeConfig
 from rl_backends_gen.native import NativeEngine
 from rl_core.types import SamplingParams
@@ -109,6 +110,57 @@ def test_acceptance_recovers_after_the_policy_moves_and_greedy_stays_exact(tiny_
     assert any(not torch.equal(a, b) for a, b in zip(owned, trained))
     engine.update_weights(list(moved(engine, seed=2, scale=0.5)))
     assert all(torch.equal(a, b) for a, b in zip(trained, engine.speculative.trainer.parameters))
+
+
+def test_the_trained_draft_is_an_hf_model_and_a_checkpoint_carries_it_on(tiny_model_dir, prompts, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    def engine_with(spec: SpeculativeConfig) -> NativeEngine:
+        engine = NativeEngine(tiny_model_dir, max_batch_size=4, max_seq_len=128, seed=0, speculative=spec)
+        engine.update_weights(policy)
+        return engine
+
+    engine = NativeEngine(tiny_model_dir, max_batch_size=4, max_seq_len=128, seed=0, speculative=TRAINED)
+    policy = list(moved(engine, seed=1, scale=0.5))
+    engine.update_weights(policy)
+    batch = rollout_batch(engine.generate(prompts, SamplingParams(max_new_tokens=24, temperature=1.0, n=4, seed=0)),
+                          prompts)
+    for _ in range(2):
+        train_draft(engine, batch)
+    trainer = engine.speculative.trainer
+
+    # the draft as an HF model: its logits are the engine's draft's, and an engine drafting with that
+    # directory proposes and accepts exactly what this one does
+    export_draft(engine, tmp_path / "draft")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "draft", dtype=torch.float32)
+    assert loaded.config.num_hidden_layers == 1
+    ids = batch["input_ids"][:3]
+    proposer = engine.speculative.proposer
+    ours = trainer._logits(proposer.forward, proposer.head, proposer.cache, ids)[:, 1:]
+    with torch.no_grad():
+        theirs = loaded(input_ids=ids).logits[:, :-1].float()
+    assert (ours - theirs).abs().max() < 1e-5
+    from_dir = engine_with(SpeculativeConfig(method="draft", num_tokens=3, draft_model=str(tmp_path / "draft")))
+    rate, tokens = acceptance(engine, prompts)
+    assert (rate, tokens) == acceptance(from_dir, prompts) and rate > 0
+    assert export_draft(from_dir, tmp_path / "none") is None and not (tmp_path / "none").exists()  # trains none
+
+    # a checkpoint's draft.pt: a fresh engine that loads it trains on exactly as this one does
+    (tmp_path / "step").mkdir()
+    for name, state in draft_files(engine).items():
+        torch.save(state, tmp_path / "step" / name)
+    resumed = engine_with(TRAINED)
+    assert not all(torch.equal(a, b) for a, b in zip(trainer.parameters, resumed.speculative.trainer.parameters))
+    restore_draft(resumed, tmp_path / "step")
+    assert all(torch.equal(a, b) for a, b in zip(trainer.parameters, resumed.speculative.trainer.parameters))
+    train_draft(engine, batch), train_draft(resumed, batch)  # AdamW's moments came back too
+    assert all(torch.equal(a, b) for a, b in zip(trainer.parameters, resumed.speculative.trainer.parameters))
+    other = engine_with(TRAINED.model_copy(update={"draft_model": str(tmp_path / "draft")}))  # owns its embeddings
+    with pytest.raises(CheckpointError, match="draft.pt: the saved draft has other parameters.*draft_model"):
+        restore_draft(other, tmp_path / "step")
+    (tmp_path / "step" / DRAFT_FILE).write_bytes(b"not a torch file")
+    with pytest.raises(CheckpointError, match="draft.pt: corrupt"):
+        restore_draft(other, tmp_path / "step")
 
 
 def test_train_draft_config_is_strict():

@@ -3,7 +3,7 @@
 A run owns these names in its ``output_dir``, and nothing else there::
 
     run.json  config.yaml  metrics.jsonl  samples.jsonl  validation.jsonl  metrics.png  tensorboard/  wandb/
-    mlflow.db  mlartifacts/  checkpoints/  hf/  hf_best/  adapter/  data/<synthetic files>
+    mlflow.db  mlartifacts/  checkpoints/  hf/  hf_best/  adapter/  draft/  data/<synthetic files>
 
 plus the ``step_*`` checkpoints of its checkpoint directory when ``checkpointing.dir`` puts them elsewhere.
 
@@ -36,7 +36,8 @@ from rl_core.config import ConfigError, ConfigProblem
 
 RUN_FILE = "run.json"
 OWNED_NAMES = ("run.json", "config.yaml", "metrics.jsonl", "samples.jsonl", "validation.jsonl", "metrics.png",
-               "tensorboard", "wandb", "mlflow.db", "mlartifacts", "checkpoints", "hf", "hf_best", "adapter")
+               "tensorboard", "wandb", "mlflow.db", "mlartifacts", "checkpoints", "hf", "hf_best", "adapter",
+               "draft")
 """What a run writes into its output directory (its synthetic data files come on top)."""
 _FORBIDDEN_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
 """Pseudo file systems: an output directory there is a typo, never a place for a run."""

@@ -8,7 +8,8 @@
                         --overwrite: rl_apps.run_dir) and the cluster; then run.json, config.yaml
                         (atomically), synthetic data, the metrics logger, the checkpointer (with the run id)
     run.backend(...)    training / generation backends, shut down when the run closes
-    run.finish(policy)  the final HF export (and the best checkpoint's), "model saved to ..." on stdout
+    run.finish(policy, generation)  the final HF export (and the best checkpoint's, and a speculative draft
+                        the run trained), "model saved to ..." on stdout
 
 Everything a run does to its directory happens in :func:`open_run`, after every check.
 """
@@ -25,6 +26,7 @@ from typing import Any, TypeVar
 
 from rl_algorithms.checkpointing import CheckpointManager
 from rl_algorithms.data import DataFileConfig, write_synthetic_dataset
+from rl_algorithms.draft import export_draft
 from rl_apps.run_config import RunConfig, SupervisedRunConfig
 from rl_apps.run_dir import (
     Invocation,
@@ -180,10 +182,11 @@ class Run:
         self._stack.callback(thing.shutdown)
         return thing
 
-    def finish(self, policy) -> None:
+    def finish(self, policy, generation=None) -> None:
         """The final model as an HF directory, ``<out>/hf`` (under LoRA merged, plus the adapter alone in PEFT
-        format in ``<out>/adapter``), and with ``checkpointing.keep_best`` the best checkpoint's as
-        ``<out>/hf_best``. Says where on stdout; without ``export_hf`` the model is the last checkpoint."""
+        format in ``<out>/adapter``), with ``generation.speculative.train_draft`` the draft the run trained as
+        ``<out>/draft``, and with ``checkpointing.keep_best`` the best checkpoint's model as ``<out>/hf_best``.
+        Says where on stdout; without ``export_hf`` the model (and draft) are the last checkpoint's."""
         if not self.cfg.export_hf:
             latest = self.checkpointer.latest() if self.checkpointer is not None else None
             if latest is None:
@@ -197,6 +200,8 @@ class Run:
             policy.save_adapter(str(self.out / "adapter"))
             print(f"LoRA adapter saved to {self.out / 'adapter'}")
         print(f"model saved to {self.out / 'hf'}")
+        if export_draft(generation, self.out / "draft") is not None:
+            print(f"speculative draft saved to {self.out / 'draft'} (generation.speculative.draft_model takes it)")
         self._export_best(policy)
 
     def _export_best(self, policy) -> None:

@@ -78,5 +78,5 @@ def run(cfg: DistillRunConfig) -> int:
                       pad_token_id=pad_token_id_of(tokenizer), stop_token_ids=stop_tokens(tokenizer),
                       val_prompts=items(val), vocab_size=vocab_size, logger=run.logger,
                       checkpointer=run.checkpointer, seed=cfg.seed)
-        run.finish(student)
+        run.finish(student, generation)
     return 0

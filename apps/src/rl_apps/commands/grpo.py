@@ -124,7 +124,7 @@ def run(cfg: GRPORunConfig) -> int:
         grpo_train(cfg.grpo, cfg.loss, policy, generation, tokenizer, train.items, environment, logger=run.logger,
                    checkpointer=run.checkpointer, validate_fn=validate, seed=cfg.seed, env_runner=env_runner,
                    test_fn=test_fn)
-        run.finish(policy)
+        run.finish(policy, generation)
     return 0
 
 

@@ -6,6 +6,8 @@ A checkpoint is a directory ``<dir>/step_<NNNNNN>/`` holding (layout: ``rl_check
 * ``rng.pt``: the Python, NumPy and torch RNG states of the driver;
 * ``trainer_state.json``: the step, the run id, the data position, the metrics history and anything
   else the loop wants back. A directory without it is incomplete and ignored;
+* optionally, more state the loop keeps beside the policy (``files``: ``draft.pt``, the speculative draft
+  that ``generation.speculative.train_draft`` trains);
 * ``manifest.json``: size and sha256 of every file above (``rl_checkpoint.integrity``).
 
 Each checkpoint is written under ``.step_<NNNNNN>.tmp``, hashed, then renamed: a run killed mid-save
@@ -21,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -121,8 +124,10 @@ class CheckpointManager:
         run (the directory holds only checkpoints of other run ids). Nothing is loaded."""
         self._resume_candidates()
 
-    def save(self, step: int, policy: TrainingBackend, state: dict[str, Any]) -> Path:
-        """Write checkpoint ``step`` atomically and prune this run's old ones. ``state`` must be JSON-serialisable."""
+    def save(self, step: int, policy: TrainingBackend, state: dict[str, Any],
+             files: Mapping[str, Any] | None = None) -> Path:
+        """Write checkpoint ``step`` atomically and prune this run's old ones. ``state`` must be JSON-serialisable;
+        ``files``: more objects to keep, each ``torch.save``d as ``<step dir>/<name>`` (under the checksums)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self._remove_temporaries()
         final = self.dir / step_dir_name(step)
@@ -131,6 +136,8 @@ class CheckpointManager:
         tmp.mkdir()
         policy.save(str(tmp / POLICY_DIR))
         torch.save(get_rng_state(), tmp / RNG_FILE)
+        for name, obj in (files or {}).items():
+            torch.save(obj, tmp / name)
         _write_json(tmp / STATE_FILE, {**state, "step": step, "run_id": self.run_id})
         write_manifest(tmp)  # last: it hashes every file above
         if final.exists():  # a resumed run re-saving the same step

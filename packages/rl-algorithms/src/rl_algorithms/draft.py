@@ -5,14 +5,32 @@ backend's draft trainer (a native engine in this process holds one when ``train_
 library's own distillation loss: the draft (student) is pulled towards the refitted policy (teacher) on
 the policy's top-k tokens. rl-backends-gen may not import rl-algorithms, so the loss travels as an
 argument. Backends without a trainer are left alone.
+
+The draft belongs to the run like the policy: every training checkpoint keeps its own parameters and
+AdamW state (``draft.pt`` in the step directory, under the checkpoint's checksums) and a resumed run goes
+on with them; at the end the run writes it as an HF model, ``<output_dir>/draft``, for
+``generation.speculative.draft_model`` of a later run or of vLLM.
 """
 
 from __future__ import annotations
 
-from rl_algorithms.loop import Metrics
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
 from rl_algorithms.losses.distill_kl import DistillationKLLoss
+from rl_checkpoint.errors import CheckpointError
 from rl_core.batch import Batch
 from rl_core.protocols import GenerationBackend
+
+if TYPE_CHECKING:  # rl_algorithms.loop imports this module
+    from rl_algorithms.loop import Metrics
+
+log = logging.getLogger(__name__)
+DRAFT_FILE = "draft.pt"
+"""The draft's state in a training checkpoint's step directory."""
 
 # Forward KL(policy || draft) over the policy's top-k with the draft's full-vocabulary softmax: it also
 # pushes the draft's mass out of tokens the policy would not pick, which is what acceptance
@@ -32,7 +50,45 @@ def train_draft(generation: GenerationBackend | None, batch: Batch) -> Metrics:
     """One training step of the engine's draft on ``batch`` (the step's rollouts); ``draft/<name>`` metrics:
     ``distill_loss`` (the first pass: the gap the policy's move opened), ``distill_loss_last``, ``tokens``,
     ``train_seconds``. Empty when the backend trains no draft."""
-    trainer = getattr(getattr(generation, "speculative", None), "trainer", None)
+    trainer = draft_trainer(generation)
     if trainer is None:
         return {}
     return {f"draft/{name}": value for name, value in trainer.train(batch, DRAFT_LOSS).items()}
+
+
+def draft_trainer(generation: GenerationBackend | None) -> Any | None:
+    """The backend's draft trainer (``generation.speculative.train_draft`` on a native engine in this process)."""
+    return getattr(getattr(generation, "speculative", None), "trainer", None)
+
+
+def draft_files(generation: GenerationBackend | None) -> dict[str, dict]:
+    """What a training checkpoint adds for the draft: ``{DRAFT_FILE: state}`` (empty without a trainer)."""
+    trainer = draft_trainer(generation)
+    return {} if trainer is None else {DRAFT_FILE: trainer.state_dict()}
+
+
+def restore_draft(generation: GenerationBackend | None, checkpoint: Path) -> None:
+    """Load the draft saved in ``checkpoint`` (verified with it) into the backend's trainer. A checkpoint saved
+    without one leaves the draft as built, with a warning; a draft the config no longer trains is ignored."""
+    trainer = draft_trainer(generation)
+    if trainer is None:
+        return
+    path = Path(checkpoint) / DRAFT_FILE
+    if not path.is_file():
+        log.warning("checkpoint %s holds no speculative draft (saved without train_draft): the draft starts "
+                    "from generation.speculative.draft_model again", checkpoint)
+        return
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:  # torch.load raises many kinds on a bad archive
+        raise CheckpointError(f"{path}: corrupt ({type(e).__name__}: {e})") from None
+    try:
+        trainer.load_state_dict(state)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+
+
+def export_draft(generation: GenerationBackend | None, path: Path) -> Path | None:
+    """Write the trained draft as an HF model directory at ``path``; None (nothing written) without one."""
+    trainer = draft_trainer(generation)
+    return None if trainer is None else trainer.save_hf(path)

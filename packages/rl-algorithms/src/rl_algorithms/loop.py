@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from pydantic import Field
 
 from rl_algorithms.checkpointing import CheckpointError, CheckpointManager
+from rl_algorithms.draft import draft_files, restore_draft
 from rl_core.config import StrictModel
 from rl_core.protocols import GenerationBackend, TrainingBackend
 from rl_core.timer import Timer
@@ -103,7 +104,7 @@ def train_loop(cfg: LoopConfig, policy: TrainingBackend, data: DataPosition, tra
         metrics["epoch"] = float(data.epoch)
         metrics.update(timer.pop())
         history.append(record(logger, metrics, val_metrics, done))
-        maybe_checkpoint(checkpointer, done, last, policy, data, history)
+        maybe_checkpoint(checkpointer, done, last, policy, data, history, generation)
         if out_of_time:
             log.info("training time %.1f min reached max_minutes=%s after step %d", trained_s / 60, cfg.max_minutes, done)
             break
@@ -142,6 +143,7 @@ def maybe_resume(checkpointer: CheckpointManager | None, policy: TrainingBackend
         raise CheckpointError(f"{path}: {e}") from None
     if generation is not None:
         refit(policy, generation)
+        restore_draft(generation, path)  # generation.speculative.train_draft: the draft goes on too
     _cut_logs(logger, step)
     print(f"resumed from {path} at step {step}", flush=True)
     return step, list(state["history"])
@@ -155,10 +157,10 @@ def _cut_logs(logger: MetricsSink | None, step: int) -> None:
 
 
 def maybe_checkpoint(checkpointer: CheckpointManager | None, done: int, last: bool, policy: TrainingBackend,
-                     data: DataPosition, history: list[Metrics]) -> None:
+                     data: DataPosition, history: list[Metrics], generation: GenerationBackend | None = None) -> None:
     if checkpointer is not None and checkpointer.should_save(done, last):
         state = {"data": data.state_dict(), "history": history, "metrics": latest_metrics(history)}
-        checkpointer.save(done, policy, state)
+        checkpointer.save(done, policy, state, files=draft_files(generation))
 
 
 def record(logger: MetricsSink | None, train_metrics: Metrics, val_metrics: Metrics, step: int) -> Metrics:

@@ -5,6 +5,7 @@ A run directory (``output_dir``) holds ``checkpoints/step_<NNNNNN>/``; each step
     policy/               the training backend's checkpoint: dcp/ + hf_config/ + trainer_state/ + meta.json
     rng.pt                the driver's RNG states
     trainer_state.json    step, data position, metrics, run_id; a step directory without it is incomplete
+    draft.pt              with generation.speculative.train_draft: the speculative draft's own weights and AdamW state
     manifest.json         size and sha256 of every file above (see rl_checkpoint.integrity)
 
 Every command that takes a model accepts the run directory (its latest complete checkpoint), the

@@ -15,11 +15,20 @@ no cache), so nothing the engine caches is touched. What the draft owns and trai
 draft its copies of the first N layers and the final norm (``proposers.policy_layers_decoder(own=True)``);
 it shares the embeddings and the head with the policy (frozen here, refitted with the policy). A draft
 loaded from a path owns all its parameters. A refit never writes what the draft owns.
+
+What the draft learned outlives the engine two ways: ``state_dict`` / ``load_state_dict`` (its own parameters
+by name and AdamW's state: a training checkpoint keeps them, so a resumed run goes on with the same draft),
+and ``save_hf`` (the draft as an HF causal LM directory, embeddings and head included, that
+``generation.speculative.draft_model`` or vLLM's draft model takes).
 """
 
 from __future__ import annotations
 
+import copy
+import os
+import shutil
 import time
+from pathlib import Path
 
 import torch
 
@@ -48,7 +57,8 @@ class DraftTrainer:
                              "this engine holds them in fp8: remove quantization or set train_draft: false")
         self.engine, self.proposer = engine, proposer
         self.steps, self.top_k = steps, top_k
-        self.parameters = owned_parameters(engine, proposer)
+        self.named = owned_parameters(engine, proposer)
+        self.parameters = list(self.named.values())
         if not self.parameters:
             raise ValueError("generation.speculative.train_draft: the draft shares every parameter with the policy, "
                              "so it has nothing of its own to train")
@@ -91,6 +101,62 @@ class DraftTrainer:
         return {"distill_loss": losses[0], "distill_loss_last": losses[-1], "tokens": tokens,
                 "train_seconds": time.perf_counter() - start}
 
+    def state_dict(self) -> dict:
+        """The draft's own parameters (``decoder.<name>`` / ``head.<name>``, on the CPU) and AdamW's state."""
+        return {"parameters": {name: param.detach().to("cpu", copy=True) for name, param in self.named.items()},
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()``'s output; ValueError (nothing changed) when it is another draft's."""
+        saved = state["parameters"]
+        if list(saved) != list(self.named):
+            names = sorted(set(saved) ^ set(self.named))
+            raise ValueError(f"the saved draft has other parameters than this config's draft ({names[:3]} ...): "
+                             "set generation.speculative.draft_model as when it was saved")
+        for name, param in self.named.items():
+            if saved[name].shape != param.shape:
+                raise ValueError(f"the saved draft's {name} is {tuple(saved[name].shape)}, this draft's "
+                                 f"{tuple(param.shape)}: set generation.speculative.draft_model as when it was saved")
+        with torch.no_grad():
+            for name, param in self.named.items():
+                param.copy_(saved[name])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def save_hf(self, path: str | Path) -> Path:
+        """The draft as an HF causal LM directory at ``path`` (written beside it, then renamed into place):
+        its layers and final norm, and the embeddings and head it shares with the policy, with the engine's
+        tokenizer. ``from_pretrained`` loads it; ``generation.speculative.draft_model`` takes the path."""
+        from transformers import AutoModelForCausalLM
+
+        path = Path(path)
+        decoder, head = self.proposer.decoder, self.proposer.head
+        config = copy.deepcopy(decoder.config)
+        config.architectures = None
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        prefix = {"decoder": child_name(model, model.get_decoder()), "head": child_name(model, model.get_output_embeddings())}
+        tensors = {f"{prefix['decoder']}.{name}": value for name, value in decoder.state_dict().items()}
+        tensors.update({f"{prefix['head']}.{name}": value for name, value in head.state_dict().items()})
+        # clones: the engine's weights may be views of its packed q/k/v tensors, and safetensors stores each once
+        tensors = {name: value.detach().to("cpu", copy=True) for name, value in tensors.items()}
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
+        missing = [name for name in missing if not (tied and name.startswith(f"{prefix['head']}."))]
+        if missing or unexpected:
+            raise RuntimeError(f"the draft does not fit {type(model).__name__}: missing {missing[:3]}, "
+                               f"unexpected {unexpected[:3]}")
+        if tied:
+            model.tie_weights()
+        staging = path.with_name(f".{path.name}.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        model.save_pretrained(staging, safe_serialization=True)
+        if self.engine.tokenizer is not None:
+            self.engine.tokenizer.save_pretrained(staging)
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(staging, path)
+        return path
+
     @staticmethod
     def _logits(forward, head, cache, input_ids: torch.Tensor) -> torch.Tensor:
         """``[B, T, V]`` float32 logits aligned like ``ModelOutputs.logits``: row t scored ``input_ids[t]``
@@ -102,15 +168,20 @@ class DraftTrainer:
         return torch.cat([logits.new_zeros(batch, 1, logits.shape[-1]), logits], dim=1)
 
 
-def owned_parameters(engine, proposer: DraftProposer) -> list[torch.nn.Parameter]:
-    """The draft's parameters that are not the policy's (each once)."""
+def owned_parameters(engine, proposer: DraftProposer) -> dict[str, torch.nn.Parameter]:
+    """The draft's parameters that are not the policy's (each once), by ``decoder.<name>`` / ``head.<name>``."""
     policy = {id(param) for param in engine.model.parameters()}
-    seen: dict[int, torch.nn.Parameter] = {}
-    for module in (proposer.decoder, proposer.head):
-        for param in module.parameters():
+    seen: dict[int, tuple[str, torch.nn.Parameter]] = {}
+    for prefix, module in (("decoder", proposer.decoder), ("head", proposer.head)):
+        for name, param in module.named_parameters():
             if id(param) not in policy:
-                seen.setdefault(id(param), param)
-    return list(seen.values())
+                seen.setdefault(id(param), (f"{prefix}.{name}", param))
+    return dict(seen.values())
+
+
+def child_name(model: torch.nn.Module, child: torch.nn.Module) -> str:
+    """The attribute of ``model`` holding ``child`` (a causal LM's decoder or head)."""
+    return next(name for name, module in model.named_children() if module is child)
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
