@@ -36,8 +36,14 @@ def world_writable_host_dirs() -> list[str]:
 
 @pytest.fixture
 def shared_host_dir():
-    """A world-writable directory of the test's own, visible to the sandbox (outside /tmp: in the repository)."""
-    path = Path(tempfile.mkdtemp(prefix=".sandbox-host-", dir=Path(__file__).parent))
+    """A world-writable directory of the test's own, visible to the sandbox: outside its private /tmp, in the
+    repository (or, for a checkout under /tmp, the working directory or home)."""
+    bases = [Path(__file__).parent.resolve(), Path.cwd().resolve(), Path.home().resolve()]
+    base = next((b for b in bases if not is_private(str(b)) and os.access(b, os.W_OK) and open_to_others(b)), None)
+    if base is None:
+        pytest.skip("the checkout, working directory and home are each under /tmp, /var/tmp or /dev/shm (which "
+                    "the sandbox replaces with its own) or closed to other users: none is visible to the sandbox")
+    path = Path(tempfile.mkdtemp(prefix=".sandbox-host-", dir=base))
     path.chmod(0o1777)
     yield path
     shutil.rmtree(path, ignore_errors=True)
@@ -69,6 +75,11 @@ def listening(server: socket.socket):
         done.set()
         thread.join()
         server.close()
+
+
+def open_to_others(path: Path) -> bool:
+    """Whether another user (the sandbox's) can reach ``path``: every directory on the way lets others through."""
+    return all(os.stat(p).st_mode & 0o001 for p in (path, *path.parents))
 
 
 def is_private(path: str) -> bool:
