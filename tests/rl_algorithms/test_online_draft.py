@@ -136,9 +136,9 @@ def test_the_trained_draft_is_an_hf_model_and_a_checkpoint_carries_it_on(tiny_mo
     assert loaded.config.num_hidden_layers == 1
     ids = batch["input_ids"][:3]
     proposer = engine.speculative.proposer
-    ours = trainer._logits(proposer.forward, proposer.head, proposer.cache, ids)[:, 1:]
     with torch.no_grad():
-        theirs = loaded(input_ids=ids).logits[:, :-1].float()
+        ours = proposer.head(trainer._hidden(proposer.forward, proposer.cache, ids)).float()
+        theirs = loaded(input_ids=ids).logits.float()
     assert (ours - theirs).abs().max() < 1e-5
     from_dir = engine_with(SpeculativeConfig(method="draft", num_tokens=3, draft_model=str(tmp_path / "draft")))
     rate, tokens = acceptance(engine, prompts)

@@ -5,10 +5,13 @@
 (``rl_algorithms.losses.DistillationKLLoss``: this package must not import rl-algorithms, so the caller
 passes it in) to ``DraftTrainer.train``::
 
-    teacher = top-k of the policy's logits on the rollouts        # the engine's model, no gradients
+    teacher = top-k of the policy's logits at the generated tokens   # the engine's model, no gradients
     for each of draft_steps passes:
-        student = the draft's logits on the same rollouts         # the draft's own decoder and head
-        loss(student, teacher) on the generated tokens -> backward -> AdamW on the draft's own parameters
+        student = the draft's logits at the same tokens              # the draft's own decoder and head
+        loss(student, teacher) -> backward -> AdamW on the draft's own parameters
+
+The decoders run over whole sequences (the generated tokens attend to their prompts); the LM head and the
+softmaxes only at the generated tokens (``loss_mask``), which the loss sees as one row of N positions.
 
 Both forwards run the engine's modules with a ``SequenceStep`` (whole right-padded sequences, causal,
 no cache), so nothing the engine caches is touched. What the draft owns and trains: a ``policy_layers:N``
@@ -37,7 +40,6 @@ from rl_backends_gen.native.proposers import DraftProposer
 from rl_backends_gen.native.steps import SequenceStep
 from rl_core.types import ModelOutputs, Normalizer
 
-BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask")
 MAX_GRAD_NORM = 1.0
 
 
@@ -70,29 +72,41 @@ class DraftTrainer:
         """``draft_steps`` optimizer steps of the draft towards the engine's policy on ``batch`` (right-padded
         ``input_ids`` / ``attention_mask`` / ``loss_mask`` [B, T]; the loss sees the ``loss_mask`` tokens).
         ``loss_fn(outputs, batch, normalizer) -> (loss, metrics)`` reads ``outputs.logits`` and the batch's
-        ``teacher_topk_logits`` / ``teacher_topk_indices``. Returns the loss of the first pass (how far the
-        draft was from the policy) and of the last, the tokens and the seconds spent."""
+        ``teacher_topk_logits`` / ``teacher_topk_indices``; it is handed the scored positions only, as one
+        row (``[1, N, ...]``, all in ``loss_mask``): the LM head and the softmaxes run on the generated tokens,
+        not on the prompts. Returns the loss of the first pass (how far the draft was from the policy) and of
+        the last, the tokens and the seconds spent."""
         start = time.perf_counter()
         engine = self.engine
-        part = {key: batch[key].to(engine.device) for key in BATCH_KEYS}
-        length = part["input_ids"].shape[1]
-        chunks = torch.arange(part["input_ids"].shape[0]).split(max(1, engine.max_prefill_tokens // length))
-        with torch.no_grad():
-            tops = [self._logits(engine._forward, engine.head, engine.cache, part["input_ids"][rows]).topk(self.top_k)
-                    for rows in chunks]
-        part["teacher_topk_logits"] = torch.cat([top.values for top in tops])
-        part["teacher_topk_indices"] = torch.cat([top.indices for top in tops])
-        tokens = float(part["loss_mask"].sum())
-        normalizer = Normalizer(num_valid_tokens=max(tokens, 1.0), num_valid_sequences=float(len(part["loss_mask"])))
+        input_ids = batch["input_ids"].to(engine.device)
+        scored = batch["loss_mask"].to(engine.device).bool()
+        scored[:, 0] = False  # no distribution scores the first token
+        chunks = torch.arange(input_ids.shape[0]).split(max(1, engine.max_prefill_tokens // input_ids.shape[1]))
+        parts = []
+        for rows in chunks:
+            where = scored[rows].nonzero(as_tuple=True)
+            before = (where[0], where[1] - 1)  # the hidden state before each scored token scores it
+            with torch.no_grad():
+                hidden = self._hidden(engine._forward, engine.cache, input_ids[rows])
+                top = engine.head(hidden[before]).float().topk(self.top_k)
+            parts.append({"ids": input_ids[rows], "before": before, "targets": input_ids[rows][where],
+                          "teacher_topk_logits": top.values[None], "teacher_topk_indices": top.indices[None]})
+        tokens = float(scored.sum())
+        normalizer = Normalizer(num_valid_tokens=max(tokens, 1.0), num_valid_sequences=float(len(scored)))
         losses = []
         for _ in range(self.steps):
             self.optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for rows in chunks:
-                sub = {key: value[rows] for key, value in part.items()}
-                logits = self._logits(self.proposer.forward, self.proposer.head, self.proposer.cache, sub["input_ids"])
-                loss, _ = loss_fn(ModelOutputs(logprobs=token_logprobs(logits, sub["input_ids"]), logits=logits), sub,
-                                  normalizer)
+            for part in parts:
+                if not len(part["targets"]):
+                    continue
+                hidden = self._hidden(self.proposer.forward, self.proposer.cache, part["ids"])
+                logits = self.proposer.head(hidden[part["before"]]).float()[None]  # [1, N, V]
+                with torch.no_grad():
+                    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, part["targets"][None, :, None])[..., 0]
+                sub = {"loss_mask": torch.ones_like(logprobs), "teacher_topk_logits": part["teacher_topk_logits"],
+                       "teacher_topk_indices": part["teacher_topk_indices"]}
+                loss, _ = loss_fn(ModelOutputs(logprobs=logprobs, logits=logits), sub, normalizer)
                 loss.backward()
                 total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(self.parameters, MAX_GRAD_NORM)
@@ -158,14 +172,11 @@ class DraftTrainer:
         return path
 
     @staticmethod
-    def _logits(forward, head, cache, input_ids: torch.Tensor) -> torch.Tensor:
-        """``[B, T, V]`` float32 logits aligned like ``ModelOutputs.logits``: row t scored ``input_ids[t]``
-        (row 0 is zero)."""
+    def _hidden(forward, cache, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[B, T, hidden]`` final hidden states of ``input_ids`` (whole sequences, causal, no cache)."""
         batch, length = input_ids.shape
         positions = torch.arange(length, device=input_ids.device).expand(batch, length)
-        hidden = forward(input_ids, positions, SequenceStep(cache, length, input_ids.device))
-        logits = head(hidden[:, :-1]).float()
-        return torch.cat([logits.new_zeros(batch, 1, logits.shape[-1]), logits], dim=1)
+        return forward(input_ids, positions, SequenceStep(cache, length, input_ids.device))
 
 
 def owned_parameters(engine, proposer: DraftProposer) -> dict[str, torch.nn.Parameter]:
@@ -182,10 +193,3 @@ def owned_parameters(engine, proposer: DraftProposer) -> dict[str, torch.nn.Para
 def child_name(model: torch.nn.Module, child: torch.nn.Module) -> str:
     """The attribute of ``model`` holding ``child`` (a causal LM's decoder or head)."""
     return next(name for name, module in model.named_children() if module is child)
-
-
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """[B, T] logprob of each token under its aligned logits (position 0 is 0)."""
-    out = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[..., None]).squeeze(-1)
-    out[:, 0] = 0.0
-    return out
