@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     parser.add_argument("--num-tokens", type=int, default=4, help="speculative proposals per step")
     parser.add_argument("--draft-layers", type=int, default=8, help="draft: the policy's first N layers")
+    parser.add_argument("--draft-model", default=None,
+                        help="draft: this HF model directory instead (e.g. the <output_dir>/draft a run with "
+                        "generation.speculative.train_draft saved)")
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[1.0],
@@ -74,6 +77,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if recipe_data(args.recipe).get("kind") != "arithmetic":
             parser.error(f"--recipe {args.recipe}: its data is not the arithmetic task; use a recipe whose "
                          "data.kind is arithmetic, e.g. grpo_arithmetic_smollm2")
+    if args.draft_model is not None and not (Path(args.draft_model) / "config.json").is_file():
+        parser.error(f"--draft-model {args.draft_model}: not an HF model directory (no config.json); give the "
+                     "draft/ directory a run with generation.speculative.train_draft saved")
     if args.tiny:
         args.prompts, args.samples, args.max_new_tokens, args.rounds = 4, 2, 16, 1
         args.draft_layers, args.max_batch_size, args.dtype = 1, 8, "float32"
@@ -99,6 +105,11 @@ def recipe_data(recipe: str) -> dict:
         return yaml.safe_load(f).get("data") or {}
 
 
+def draft_name(args) -> str:
+    """``generation.speculative.draft_model`` of the draft engine."""
+    return args.draft_model or f"policy_layers:{args.draft_layers}"
+
+
 def native_engine(model_path, args, max_seq_len, speculative, direct_decode: bool = True):
     from rl_backends_gen.config import SpeculativeConfig
     from rl_backends_gen.native import NativeEngine
@@ -108,8 +119,7 @@ def native_engine(model_path, args, max_seq_len, speculative, direct_decode: boo
     if speculative == "ngram":
         spec = SpeculativeConfig(method="ngram", num_tokens=args.num_tokens, **adaptive)
     elif speculative == "draft":
-        spec = SpeculativeConfig(method="draft", num_tokens=args.num_tokens,
-                                 draft_model=f"policy_layers:{args.draft_layers}", **adaptive)
+        spec = SpeculativeConfig(method="draft", num_tokens=args.num_tokens, draft_model=draft_name(args), **adaptive)
     return NativeEngine(model_path, dtype=args.dtype, max_batch_size=args.max_batch_size, max_seq_len=max_seq_len,
                         speculative=spec, direct_decode=direct_decode)
 
@@ -216,7 +226,7 @@ def run(args) -> dict[str, dict]:
     flops_per_token = 2 * matmul_params(model_path)
     print(f"# rollout-cpu  model={'tiny' if args.tiny else args.model}  dtype={args.dtype}  prompts={args.prompts} "
           f"x samples={args.samples}  max_new_tokens={args.max_new_tokens}  speculative num_tokens={args.num_tokens}  "
-          f"max_batch_rows={args.max_batch_rows or 'default'}  draft=policy_layers:{args.draft_layers}  "
+          f"max_batch_rows={args.max_batch_rows or 'default'}  draft={draft_name(args)}  "
           f"prompts from={args.recipe or 'the dataset defaults'}  malloc={args.malloc}  torch threads={torch.get_num_threads()}  load average at start={os.getloadavg()[0]:.1f}")
     print(f"# matmul peak GFLOP/s (this run): {format_peaks(peaks)}")
     runners = build_runners(args, model_path, tokenizer, max_seq_len, stop_ids)

@@ -70,3 +70,19 @@ def test_prompts_take_a_recipes_task_settings(tmp_path):
     assert all("First write the sum, then your final answer as \\boxed{ANSWER}." in p for p in main_job)
     assert not any(" - " in p for p in main_job) and any(" - " in p for p in default)
     assert not any("First write the sum" in p for p in default)
+
+
+def test_the_draft_engine_takes_a_saved_draft(tmp_path):
+    """``--draft-model DIR``: the draft engine drafts with that HF model (e.g. a run's trained ``draft/``)."""
+    from rl_core.models import save_tiny_model
+
+    bench = load_bench("rollout_cpu")
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse_args(["--draft-model", str(tmp_path / "missing")])
+    assert exit_info.value.code == 2
+    draft = save_tiny_model(tmp_path / "draft", family="llama")  # the tiny policy's vocabulary
+    args = bench.parse_args(["--tiny", "--no-vllm", "--engines", "draft", "--draft-model", str(draft),
+                             "--max-batch-rows", "40"])
+    proposer = bench.build_runners(args, bench.tiny_model(args), None, 64, [])["draft"].engine.speculative.proposer
+    assert not proposer.shared and len(proposer.decoder.layers) == 2  # the saved model's layers, not policy_layers:1
+    assert bench.run(args)["draft"]["proposed_tokens"] > 0
