@@ -37,7 +37,7 @@ import torch
 
 from rl_backends_gen.native.cache import AttentionKV
 from rl_backends_gen.native.proposers import DraftProposer
-from rl_backends_gen.native.steps import SequenceStep
+from rl_backends_gen.native.steps import PrefillStep, SequenceStep
 from rl_core.types import ModelOutputs, Normalizer
 
 MAX_GRAD_NORM = 1.0
@@ -81,16 +81,18 @@ class DraftTrainer:
         input_ids = batch["input_ids"].to(engine.device)
         scored = batch["loss_mask"].to(engine.device).bool()
         scored[:, 0] = False  # no distribution scores the first token
+        with torch.no_grad():
+            teacher = self._policy_hidden(input_ids, scored)
+            top = engine.head(teacher).float().topk(self.top_k)  # [N, k]: the N scored tokens, row-major
         chunks = torch.arange(input_ids.shape[0]).split(max(1, engine.max_prefill_tokens // input_ids.shape[1]))
+        ends = scored.sum(dim=1).cumsum(0).tolist()
         parts = []
         for rows in chunks:
             where = scored[rows].nonzero(as_tuple=True)
-            before = (where[0], where[1] - 1)  # the hidden state before each scored token scores it
-            with torch.no_grad():
-                hidden = self._hidden(engine._forward, engine.cache, input_ids[rows])
-                top = engine.head(hidden[before]).float().topk(self.top_k)
-            parts.append({"ids": input_ids[rows], "before": before, "targets": input_ids[rows][where],
-                          "teacher_topk_logits": top.values[None], "teacher_topk_indices": top.indices[None]})
+            first, last = (ends[rows[0] - 1] if rows[0] else 0), ends[rows[-1]]
+            parts.append({"ids": input_ids[rows], "before": (where[0], where[1] - 1), "targets": input_ids[rows][where],
+                          "teacher_topk_logits": top.values[None, first:last],
+                          "teacher_topk_indices": top.indices[None, first:last]})
         tokens = float(scored.sum())
         normalizer = Normalizer(num_valid_tokens=max(tokens, 1.0), num_valid_sequences=float(len(scored)))
         losses = []
@@ -170,6 +172,47 @@ class DraftTrainer:
             shutil.rmtree(path)
         os.replace(staging, path)
         return path
+
+    def _policy_hidden(self, input_ids: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+        """``[N, hidden]``: the policy's final hidden state before each of the N ``scored`` tokens (row-major),
+        the one that scores it. A row's prompt (its tokens before its first scored one) goes through the
+        model once for every row that shares it (a prompt's n samples), as generation prefills it: into the
+        engine's cache, then each row's continuation after it. Without an allocated cache, or with a row
+        longer than the cache, every row runs whole (``SequenceStep``)."""
+        engine, cache = self.engine, self.engine.cache
+        where = scored.nonzero(as_tuple=True)
+        if not len(where[0]):
+            return torch.zeros(0, engine.head.weight.shape[1], dtype=engine.dtype, device=engine.device)
+        firsts = scored.int().argmax(dim=1)  # each row's first scored column
+        lasts = scored.shape[1] - 1 - scored.flip(1).int().argmax(dim=1)
+        if not cache.allocated or int(lasts.max()) > cache.max_seq_len:
+            return self._hidden(engine._forward, cache, input_ids)[where[0], where[1] - 1]
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for row in scored.any(dim=1).nonzero()[:, 0].tolist():
+            groups.setdefault(tuple(input_ids[row, : int(firsts[row])].tolist()), []).append(row)
+        hidden = torch.zeros(*input_ids.shape, engine.head.weight.shape[1], dtype=engine.dtype, device=engine.device)
+        for prompt, members in groups.items():
+            for rows in torch.tensor(members).split(engine.max_batch_size):
+                part = self._prompt_then_rows(prompt, input_ids[rows], lasts[rows])
+                hidden[rows, : part.shape[1]] = part
+        return hidden[where[0], where[1] - 1]
+
+    def _prompt_then_rows(self, prompt: tuple[int, ...], input_ids: torch.Tensor, lasts: torch.Tensor) -> torch.Tensor:
+        """``[R, len(prompt) + width, hidden]``: ``prompt`` prefilled once into cache rows ``0 .. R-1``, then the
+        rows' tokens after it up to their last scored one (``lasts``) continuing from the cache."""
+        engine, device = self.engine, self.engine.device
+        count, start = len(input_ids), len(prompt)
+        slots = torch.arange(count, device=device)
+        step = PrefillStep(engine.cache, slots, torch.zeros_like(slots), torch.tensor([start], device=device), start)
+        prefix = engine._forward(torch.tensor([prompt], device=device), torch.arange(start, device=device)[None], step)
+        out = prefix.expand(count, -1, -1)
+        width = int(lasts.max()) - start
+        if width > 0:
+            positions = torch.arange(start, start + width, device=device).expand(count, width)
+            step = PrefillStep(engine.cache, slots, slots, lasts - start, width, start, slots)
+            rest = engine._forward(input_ids[:, start : start + width], positions, step)
+            out = torch.cat([out, rest], dim=1)
+        return out
 
     @staticmethod
     def _hidden(forward, cache, input_ids: torch.Tensor) -> torch.Tensor:
