@@ -41,7 +41,8 @@ class RunConfig(StrictModel):
     logger: LoggerConfig = Field(default_factory=LoggerConfig)
     checkpointing: CheckpointConfig = Field(default_factory=CheckpointConfig)
     export_hf: bool = True
-    """Write the final model as an HF directory to ``<output_dir>/hf`` (LoRA: merged, plus ``adapter/``)."""
+    """Write the final model as an HF directory to ``<output_dir>/hf`` (LoRA: merged, plus ``adapter/``; a speculative
+    draft trained online: ``draft/``)."""
 
     @property
     def loop(self) -> LoopConfig:
