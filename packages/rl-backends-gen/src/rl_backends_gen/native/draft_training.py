@@ -13,8 +13,11 @@ passes it in) to ``DraftTrainer.train``::
 The decoders run over whole sequences (the generated tokens attend to their prompts); the LM head and the
 softmaxes only at the generated tokens (``loss_mask``), which the loss sees as one row of N positions.
 
-Both forwards run the engine's modules with a ``SequenceStep`` (whole right-padded sequences, causal,
-no cache), so nothing the engine caches is touched. What the draft owns and trains: a ``policy_layers:N``
+The draft's forward runs whole right-padded sequences through a ``SequenceStep`` (causal, no cache). The
+policy's runs each prompt once for the rows that share it (a prompt's n samples): prefilled into the engine's
+cache rows, the rows' tokens continuing from it, as generation does; between generate calls those rows
+hold nothing a later call reads (each call prefills its own). Without an allocated cache (asleep) it runs
+whole rows through a ``SequenceStep`` too. What the draft owns and trains: a ``policy_layers:N``
 draft its copies of the first N layers and the final norm (``proposers.policy_layers_decoder(own=True)``);
 it shares the embeddings and the head with the policy (frozen here, refitted with the policy). A draft
 loaded from a path owns all its parameters. A refit never writes what the draft owns.
