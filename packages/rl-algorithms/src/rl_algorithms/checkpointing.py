@@ -155,10 +155,7 @@ class CheckpointManager:
             log.warning("checkpoint %s has no manifest.json (saved before checksums): its structure was checked, "
                         "not its checksums", path)
         state = _read_state(path)
-        try:
-            rng = torch.load(path / RNG_FILE, weights_only=True)
-        except Exception as e:  # torch.load raises many kinds on a bad archive
-            raise CheckpointError(f"{path / RNG_FILE}: corrupt ({type(e).__name__}: {e})") from None
+        rng = read_torch_file(path / RNG_FILE)
         policy.load(str(path / POLICY_DIR))
         set_rng_state(rng)
         return state
@@ -253,6 +250,15 @@ class CheckpointManager:
                 scored.append((f, float(value)))
         sign = 1.0 if self.cfg.best_mode == "max" else -1.0
         return sorted(scored, key=lambda fv: (sign * fv[1], fv[0].step), reverse=True)
+
+
+def read_torch_file(path: Path) -> Any:
+    """A file a checkpoint ``torch.save``d (tensors and plain containers only), on the CPU; a CheckpointError
+    naming it when it does not load."""
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:  # torch.load raises many kinds on a bad archive
+        raise CheckpointError(f"{path}: corrupt ({type(e).__name__}: {e})") from None
 
 
 def _read_state(path: Path) -> dict[str, Any]:

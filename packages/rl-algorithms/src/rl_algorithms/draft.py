@@ -18,8 +18,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
+from rl_algorithms.checkpointing import read_torch_file
 from rl_algorithms.losses.distill_kl import DistillationKLLoss
 from rl_checkpoint.errors import CheckpointError
 from rl_core.batch import Batch
@@ -78,10 +77,7 @@ def restore_draft(generation: GenerationBackend | None, checkpoint: Path) -> Non
         log.warning("checkpoint %s holds no speculative draft (saved without train_draft): the draft starts "
                     "from generation.speculative.draft_model again", checkpoint)
         return
-    try:
-        state = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as e:  # torch.load raises many kinds on a bad archive
-        raise CheckpointError(f"{path}: corrupt ({type(e).__name__}: {e})") from None
+    state = read_torch_file(path)
     try:
         trainer.load_state_dict(state)
     except ValueError as e:
