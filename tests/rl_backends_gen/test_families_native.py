@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rl_backends_gen.hf import HFGenerationBackend
-from rl_backends_gen.native import NativeEngine
+from rl_backends_gen.native import NativeEngine, recurrent
 from rl_core.models.tiny import FAMILIES
 from rl_core.types import SamplingParams
 
@@ -121,16 +121,24 @@ def test_refit_and_sleep_wake(family, tiny_family_dir, tiny_prompts, tmp_path):
 
 
 @pytest.mark.parametrize("family", sorted(RECURRENT))
-def test_recurrent_layers_decode_one_token_per_step_from_a_fixed_size_state(family, tiny_family_dir, tiny_prompts):
-    """O(1) per token: after its prefill, a recurrent mixer only ever sees the new token of each row,
-    and its cache does not grow with max_seq_len."""
+def test_recurrent_layers_decode_one_token_per_step_from_a_fixed_size_state(family, tiny_family_dir, tiny_prompts,
+                                                                           monkeypatch):
+    """O(1) per token: after its prefill, a recurrent mixer only ever sees the new token of each row (its
+    convolution, which every forward of the mixer runs, transformers' and the direct decode's alike), and its
+    cache does not grow with max_seq_len."""
     path = tiny_family_dir(family)
     engine = NativeEngine(path, max_batch_size=8, max_seq_len=128)
     index = next(i for i, c in enumerate(engine.cache.layers) if c is not None and not c.positional)
     widths: list[int] = []
     mixer = getattr(engine.decoder.layers[index], RECURRENT[family])
-    mixer.register_forward_pre_hook(lambda _m, args, kwargs: widths.append((args or (kwargs["hidden_states"],))[0].shape[1]),
-                                    with_kwargs=True)
+    convolve = recurrent.convolve
+
+    def recorded(module, inputs, step, layer):
+        if module is mixer:
+            widths.append(inputs.shape[-1])  # [B, channels, q]
+        return convolve(module, inputs, step, layer)
+
+    monkeypatch.setattr(recurrent, "convolve", recorded)
     engine.generate(tiny_prompts, GREEDY)
     assert widths[0] > 1 and set(widths[1:]) == {1}
     assert len(widths) == engine.stats.prefill_forwards + engine.stats.decode_steps

@@ -1,5 +1,6 @@
-"""The engine's own decode forward for Llama-style decoders on CPU (``native/direct.py``) computes what
-transformers' forward computes: bitwise on the same weights, and the same generations."""
+"""The engine's own decode forward on CPU (``native/direct.py``: Llama-style decoders; ``direct_qwen3_5.py``:
+Qwen3.5's hybrid layers) computes what transformers' forward computes: bitwise on the same weights, and the
+same generations."""
 
 from __future__ import annotations
 
@@ -45,34 +46,44 @@ def _assert_same_generations(got: list, want: list) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "mixtral", "qwen3_5_text",
+                                    "qwen3_5_moe_text"])
 def test_a_direct_decode_step_equals_the_transformers_forward_bitwise(family, dtype, tiny_family_dir,
                                                                      tiny_mistral_dir):
     """One engine, its weights: decode steps of 1-3 rows at different positions, 1 and 4 queries per row
-    (a plain step, a speculative verification), through both forwards over the same cache."""
+    (a plain step, a speculative verification; 1 for Qwen3.5, whose recurrent layers refuse speculation),
+    through both forwards from the same cache, which both leave the same (recurrent states updated in place)."""
     path = tiny_mistral_dir if family == "mistral" else tiny_family_dir(family)
     engine = NativeEngine(path, dtype=dtype, max_batch_size=3, max_seq_len=64)
     direct = engine.direct_decode
     assert direct is not None
     engine.cache.ensure_clean(64)
     generator = torch.Generator().manual_seed(0)
-    for layer in engine.cache.layers:  # a cache of earlier positions
-        for name in ("keys", "values"):
-            layer[name].copy_(torch.randn(layer[name].shape, generator=generator))
+    for buffer in engine.cache.buffers():  # a cache of earlier positions (keys, values, recurrent states)
+        buffer.copy_(torch.randn(buffer.shape, generator=generator) * 0.5)
+    widths = [1] if family.startswith("qwen3_5") else [1, 4]
     with torch.inference_mode():
         for rows, queries, position in [(1, 1, 9), (3, 1, 30), (2, 4, 17), (3, 4, 40)]:
+            if queries not in widths:
+                continue
             tokens = torch.randint(0, engine.vocab_size, (rows, queries), generator=generator)
             positions = position - torch.arange(rows)[:, None] * 3 + torch.arange(queries)  # rows of different lengths
-            hidden = {}
+            before = [buffer.clone() for buffer in engine.cache.buffers()]
+            hidden, after = {}, {}
             for name, forward in (("direct", direct), ("transformers", None)):
+                for buffer, saved in zip(engine.cache.buffers(), before):
+                    buffer.copy_(saved)
                 engine.direct_decode = forward
                 step = DecodeStep(engine.cache, positions[:, 0] if queries == 1 else positions)
                 hidden[name] = engine._forward(tokens, positions, step)
+                after[name] = [buffer.clone() for buffer in engine.cache.buffers()]
             assert torch.equal(hidden["direct"], hidden["transformers"]), (rows, queries)
+            assert all(torch.equal(a, b) for a, b in zip(after["direct"], after["transformers"]))
+            assert not all(torch.equal(a, b) for a, b in zip(after["direct"], before))  # the step wrote its cache
             engine.direct_decode = direct
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3_moe", "qwen3_5_text", "qwen3_5_moe_text"])
 def test_generations_with_and_without_the_direct_forward_agree(family, tiny_family_dir, tiny_prompts):
     # 3 rows for 5 prompts x 2 samples: rows join and leave (continuous batching) at different positions.
     path = tiny_family_dir(family)
@@ -94,19 +105,29 @@ def test_speculative_verification_runs_the_direct_forward(tiny_model_dir, tiny_p
     assert max(widths) == NGRAM.num_tokens + 1  # some steps verified proposals through it
 
 
-def test_packed_weights_are_the_models_own_and_follow_a_refit(tiny_model_dir, tiny_prompts):
-    """The q/k/v and gate/up weights are row slices of the packs (no second copy), so a refit's in-place
-    copy reaches the direct forward: after the same new weights both engines still agree."""
-    direct = NativeEngine(tiny_model_dir, max_batch_size=4, max_seq_len=96)
-    plain = NativeEngine(tiny_model_dir, max_batch_size=4, max_seq_len=96, direct_decode=False)
-    layer, packed = direct.decoder.layers[0], direct.direct_decode.layers[0]
-    attention = layer.self_attn
-    assert attention.k_proj.weight.data_ptr() == packed.qkv_weight[attention.q_proj.out_features].data_ptr()
-    assert layer.mlp.up_proj.weight.data_ptr() == packed.gate_up_weight[layer.mlp.gate_proj.out_features].data_ptr()
+@pytest.mark.parametrize("family", ["llama", "qwen3_5_text"])
+def test_packed_weights_are_the_models_own_and_follow_a_refit(family, tiny_family_dir, tiny_prompts):
+    """The packed weights (q/k/v, gate/up; Qwen3.5's delta-net input projections) are row slices of the packs (no
+    second copy), so a refit's in-place copy reaches the direct forward: after the same new weights both engines
+    still agree."""
+    path = tiny_family_dir(family)
+    direct = NativeEngine(path, max_batch_size=4, max_seq_len=96)
+    plain = NativeEngine(path, max_batch_size=4, max_seq_len=96, direct_decode=False)
+    for layer, packed in zip(direct.decoder.layers, direct.direct_decode.layers):
+        mlp = layer.mlp
+        assert mlp.up_proj.weight.data_ptr() == packed.mlp.gate_up_weight[mlp.gate_proj.out_features].data_ptr()
+        if getattr(layer, "linear_attn", None) is not None:
+            mixer, pack, first = layer.linear_attn, packed.weight, layer.linear_attn.conv_dim
+            assert mixer.in_proj_z.weight.data_ptr() == pack[first].data_ptr()
+            assert mixer.in_proj_a.weight.data_ptr() == pack[-mixer.num_v_heads].data_ptr()
+        else:
+            attention = layer.self_attn
+            pack = packed.weight if family == "qwen3_5_text" else packed.qkv_weight
+            assert attention.k_proj.weight.data_ptr() == pack[attention.q_proj.out_features].data_ptr()
     before = _outputs(direct, tiny_prompts)
     generator = torch.Generator().manual_seed(1)
     new = {name: tensor + 0.05 * torch.randn(tensor.shape, generator=generator)
-           for name, tensor in plain.model.state_dict().items() if name.endswith("proj.weight")}
+           for name, tensor in plain.model.state_dict().items() if "proj" in name and name.endswith(".weight")}
     direct.update_weights(new.items())
     plain.update_weights(new.items())
     after = _outputs(direct, tiny_prompts)
@@ -114,9 +135,10 @@ def test_packed_weights_are_the_models_own_and_follow_a_refit(tiny_model_dir, ti
     assert [c.token_ids for c in after] != [c.token_ids for c in before]
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "qwen3_5_text"])
+@pytest.mark.parametrize("family", ["gemma3_text", "nemotron_h", "glm4_moe_lite", "gpt_oss"])
 def test_other_families_keep_the_transformers_forward(family, tiny_family_dir):
-    """Gemma's norms and Qwen3.5's gated attention and delta-net layers are not the layer this forward reproduces."""
+    """Gemma's norms, Nemotron-H's Mamba-2 blocks, GLM's latent attention and GPT-OSS's sinks are layers the direct
+    forward does not reproduce."""
     assert NativeEngine(tiny_family_dir(family), max_batch_size=2, max_seq_len=64).direct_decode is None
 
 

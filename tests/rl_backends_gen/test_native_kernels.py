@@ -101,6 +101,28 @@ def test_gated_delta_step_equals_transformers_recurrent_rule_over_several_steps(
     assert ours.data_ptr() == buffer and ours.abs().max().item() > 0.1
 
 
+def test_a_decode_step_updates_the_states_block_by_block_as_all_at_once(monkeypatch):
+    """The decode update runs over blocks of (row, head) states (here 3 of 5 x 4, the last block 2): the
+    same outputs and states as one update over all of them, each block in place in the cache's state."""
+    gen = torch.Generator().manual_seed(0)
+    rows, heads, k_dim, v_dim = 5, 4, 8, 16
+    state = torch.randn(rows, heads, k_dim, v_dim, generator=gen)
+    whole, blocked = state.clone(), state.clone()
+    sizes = []
+    update = recurrent_steps._delta_update
+    monkeypatch.setattr(recurrent_steps, "_delta_update", lambda *a: sizes.append(a[-1].shape[0]) or update(*a))
+    monkeypatch.setattr(recurrent_steps, "STATE_BLOCK_BYTES", 3 * k_dim * v_dim * 4)
+    for _ in range(3):
+        query, key = (torch.randn(rows, 1, heads, k_dim, generator=gen) for _ in range(2))
+        value = torch.randn(rows, 1, heads, v_dim, generator=gen)
+        g, beta = -torch.rand(rows, 1, heads, generator=gen), torch.rand(rows, 1, heads, generator=gen)
+        want = recurrent_steps.gated_delta_steps(query, key, value, g, beta, whole)
+        got = recurrent_steps.gated_delta_step(query, key, value, g, beta, blocked)
+        assert (got - want).abs().max().item() <= 1e-6 and (blocked - whole).abs().max().item() <= 1e-6
+    assert sizes == [20, 3, 3, 3, 3, 3, 3, 2] * 3
+    assert (blocked - state).abs().max().item() > 0.1
+
+
 def test_gated_delta_steps_equal_the_chunked_reference_across_a_chunk_and_padding():
     """The token loop of a prefill (3 rows, 70 tokens: past one 64-token chunk, from a random state, the
     last tokens of two rows padding with no decay and no write) gives the chunked reference's outputs and

@@ -156,8 +156,8 @@ class GenerationConfig(StrictModel):
     logs a warning and falls back to eager steps. off: always eager. Same outputs either way (greedy
     token for token); the CPU never captures."""
     direct_decode: bool = True
-    """native only, on CPU: decode steps of a Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE or Mixtral model run
-    the engine's own forward over the same weights (packed q/k/v and gate/up products, no per-layer
+    """native only, on CPU: decode steps of a Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral or Qwen3.5 (dense
+    or MoE) model run the engine's own forward over the same weights (packed projections, no per-layer
     transformers wrappers; bitwise the same hidden states; not with record_routing, whose hooks sit on
     transformers' forward); false: transformers' forward."""
     record_routing: bool = False

@@ -1,5 +1,6 @@
-"""The engine's own decode forward for Llama-style decoders on CPU: Llama, Mistral, Qwen2, Qwen3, and the
-mixture-of-experts Qwen3-MoE and Mixtral.
+"""The engine's own decode forward on CPU: Llama-style decoders (Llama, Mistral, Qwen2, Qwen3, and the
+mixture-of-experts Qwen3-MoE and Mixtral: this module) and Qwen3.5's hybrid layers, dense and MoE
+(``direct_qwen3_5.py``).
 
 A decode step through transformers' modules spends a fixed cost per layer beyond its tensor work: the
 model's output-capturing and config-defaults wrappers, a ``**kwargs`` hop and an attention-interface
@@ -7,8 +8,8 @@ lookup per layer, a module call per projection and norm. On CPU, where a step is
 matrix products per layer at small batches, that cost is a measurable share of the step. This forward
 calls the layers' operations directly, in transformers' order, on the same weights, with two merges:
 
-* the query, key and value projections are one matrix product, and a gated MLP's gate and up projections
-  another: at load the engine packs each group's weights into one tensor and points the model's own
+* the query, key and value projections are one matrix product (Qwen3.5's gated delta-net: its four input
+  projections), and a gated MLP's gate and up projections another: at load the engine packs each group's weights into one tensor and points the model's own
   ``nn.Linear`` weights at row slices of it (``pack_rows``), so the model's forward (prefill,
   training-shaped calls) and refit (``copy_weights_in_place`` copies in place) keep working unchanged
   and no weight is stored twice;
@@ -32,8 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rl_backends_gen.native import direct_qwen3_5
 from rl_backends_gen.native.attention import decode_attention
 from rl_backends_gen.native.cache import AttentionKV
+from rl_backends_gen.native.direct_ops import DirectMLP, pack_rows, plain, rms_norm, rotate
 from rl_backends_gen.native.steps import DecodeStep
 
 # Decoder layers whose transformers forward (5.19) this module reproduces: pre-norm RMSNorm, q/k/v/o
@@ -41,15 +44,14 @@ from rl_backends_gen.native.steps import DecodeStep
 # gated MLP or a mixture-of-experts block.
 LAYERS = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer",
           "Qwen3MoeDecoderLayer", "MixtralDecoderLayer"}
-EXPERT_BLOCKS = {"Qwen3MoeSparseMoeBlock", "MixtralSparseMoeBlock"}
 
 
 class DirectDecode:
     """``forward(tokens [R, q], rotary [R, q], step)`` -> final hidden states ``[R, q, hidden]``."""
 
-    def __init__(self, decoder: nn.Module, cache):
-        self.decoder, self.cache = decoder, cache
-        self.layers = [DirectLayer(layer) for layer in decoder.layers[: decoder.config.num_hidden_layers]]
+    def __init__(self, decoder: nn.Module, cache, layers: list):
+        self.decoder, self.cache, self.layers = decoder, cache, layers
+        self.final_norm = direct_qwen3_5.norm_of(decoder.norm)
 
     @classmethod
     def of(cls, engine) -> DirectDecode | None:
@@ -60,10 +62,11 @@ class DirectDecode:
         if engine.device.type != "cpu" or engine.vision is not None or engine.fp8_layers or engine.routing is not None:
             return None
         layers = decoder.layers[: decoder.config.num_hidden_layers]
-        if not all(_reproducible(layer) and isinstance(cache, AttentionKV)
-                   for layer, cache in zip(layers, engine.cache.layers, strict=True)):
+        builders = [_builder(layer, cache) for layer, cache in zip(layers, engine.cache.layers, strict=True)]
+        if not all(builders):
             return None
-        return cls(decoder, engine.cache)
+        # Only now, every layer reproducible: building a layer packs its weights.
+        return cls(decoder, engine.cache, [build(layer) for build, layer in zip(builders, layers)])
 
     def forward(self, tokens: torch.Tensor, rotary: torch.Tensor, step: DecodeStep) -> torch.Tensor:
         hidden = F.embedding(tokens, self.decoder.embed_tokens.weight)
@@ -71,22 +74,19 @@ class DirectDecode:
         cos, sin = cos[:, :, None], sin[:, :, None]  # over heads: [R, q, 1, D]
         for layer, cache in zip(self.layers, self.cache.layers):
             hidden = layer.forward(hidden, cos, sin, step, cache)
-        return rms_norm(hidden, self.decoder.norm)
+        return self.final_norm(hidden, self.decoder.norm)
 
 
 class DirectLayer:
     """One decoder layer: its modules, and its q/k/v (and a gated MLP's gate/up) weights packed."""
 
     def __init__(self, layer: nn.Module):
-        self.layer, attention, mlp = layer, layer.self_attn, layer.mlp
+        self.layer, attention = layer, layer.self_attn
         projections = [attention.q_proj, attention.k_proj, attention.v_proj]
         self.qkv_weight, self.qkv_bias = pack_rows(projections)
         self.head_counts = [linear.out_features // attention.head_dim for linear in projections]
         self.head_norms = isinstance(getattr(attention, "q_norm", None), nn.Module)
-        self.gated_mlp = type(mlp).__name__ not in EXPERT_BLOCKS
-        if self.gated_mlp:
-            self.gate_up_weight, self.gate_up_bias = pack_rows([mlp.gate_proj, mlp.up_proj])
-            self.intermediate = mlp.gate_proj.out_features
+        self.mlp = DirectMLP(layer.mlp)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step: DecodeStep,
                 cache: AttentionKV) -> torch.Tensor:
@@ -105,47 +105,14 @@ class DirectLayer:
         out = decode_attention(step, cache, query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                                attention.scaling, None)  # [R, q, H, D]
         hidden = residual + attention.o_proj(out.reshape(rows, queries, -1).contiguous())
-        residual = hidden
-        hidden = rms_norm(hidden, layer.post_attention_layernorm)
-        mlp = layer.mlp
-        if self.gated_mlp:
-            gate, up = F.linear(hidden, self.gate_up_weight, self.gate_up_bias).split(self.intermediate, dim=-1)
-            return residual + mlp.down_proj(mlp.act_fn(gate) * up)
-        return residual + mlp(hidden)
+        return hidden + self.mlp(rms_norm(hidden, layer.post_attention_layernorm))
 
 
-def pack_rows(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One ``[sum(out), in]`` weight (and bias) holding the linears' rows; each linear's parameters become
-    row slices of it."""
-    packs = []
-    for name in ("weight", "bias"):
-        parts = [getattr(linear, name) for linear in linears]
-        if any(part is None for part in parts):
-            packs.append(None)
-            continue
-        pack = torch.cat([part.detach() for part in parts])
-        start = 0
-        for linear, part in zip(linears, parts):
-            rows = part.shape[0]
-            setattr(linear, name, nn.Parameter(pack[start:start + rows], requires_grad=False))
-            start += rows
-        packs.append(pack)
-    return packs[0], packs[1]
-
-
-def rms_norm(hidden: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """transformers' RMSNorm forward (these families): float32 statistics, the scale in the input dtype."""
-    dtype = hidden.dtype
-    hidden = hidden.to(torch.float32)
-    variance = hidden.pow(2).mean(-1, keepdim=True)
-    hidden = hidden * torch.rsqrt(variance + norm.variance_epsilon)
-    return norm.weight * hidden.to(dtype)
-
-
-def rotate(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """transformers' ``apply_rotary_pos_emb`` for ``[R, q, heads, D]``: ``x cos + rotate_half(x) sin``."""
-    half = heads.shape[-1] // 2
-    return heads * cos + torch.cat((-heads[..., half:], heads[..., :half]), dim=-1) * sin
+def _builder(layer: nn.Module, cache):
+    """What builds ``layer``'s direct form over its ``cache`` entry, or None where it has none."""
+    if isinstance(cache, AttentionKV) and _reproducible(layer):
+        return DirectLayer
+    return direct_qwen3_5.builder(layer, cache)
 
 
 def _reproducible(layer: nn.Module) -> bool:
@@ -154,11 +121,10 @@ def _reproducible(layer: nn.Module) -> bool:
         return False
     attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     linears = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    if type(mlp).__name__ not in EXPERT_BLOCKS:
-        linears += [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    linears += DirectMLP.linears(mlp)
     norms = [getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None)]
     if isinstance(getattr(attention, "q_norm", None), nn.Module):
         norms += [attention.q_norm, attention.k_norm]
-    return all(type(linear) is nn.Linear for linear in linears) and \
+    return plain(linears) and \
         all(type(norm).__name__.endswith("RMSNorm") and hasattr(norm, "variance_epsilon") for norm in norms) and \
         isinstance(getattr(attention, "head_dim", None), int)

@@ -89,10 +89,10 @@ class NativeEngine:
             only, text only, no MoE, no speculative decoding or routing record), else runs eagerly;
             "off": always eagerly; "static": the graphs' padded shapes run eagerly, without capture
             (on any device; tests hold it to the eager step).
-        direct_decode: on CPU, decode steps of a Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE or Mixtral model run
-            the engine's own forward over the same weights (``direct.py``: packed q/k/v and gate/up products,
-            no per-layer transformers wrappers; the same values, tested bitwise; not with ``record_routing``);
-            False: transformers' forward.
+        direct_decode: on CPU, decode steps of a Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral or Qwen3.5
+            (dense or MoE) model run the engine's own forward over the same weights (``direct.py``,
+            ``direct_qwen3_5.py``: packed projections, no per-layer transformers wrappers; the same values,
+            tested bitwise; not with ``record_routing``); False: transformers' forward.
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 64,
@@ -129,7 +129,7 @@ class NativeEngine:
         # After the caches: their construction recognises attention by its nn.Linear projections.
         self.fp8_layers = quantize_engine_weights(self.model, quantization, fp8_scheme)
         self.routing = RoutingRecorder(self.model, self.decoder, self.cache, self.device) if record_routing else None
-        # Llama-style decoders on CPU: the engine's own decode forward (direct.py); None: transformers'.
+        # Llama-style and Qwen3.5 decoders on CPU: the engine's own decode forward (direct.py); None: transformers'.
         self.direct_decode = DirectDecode.of(self) if direct_decode else None
         self.stats = EngineStats()
         self.speculative = None
