@@ -123,6 +123,25 @@ def test_a_decode_step_updates_the_states_block_by_block_as_all_at_once(monkeypa
     assert (blocked - state).abs().max().item() > 0.1
 
 
+def test_a_mamba2_decode_step_updates_the_states_block_by_block_as_all_at_once(monkeypatch):
+    """Mamba-2's decode update over blocks of 3 of the 4 rows x 2 heads' states equals one update over all."""
+    gen = torch.Generator().manual_seed(0)
+    rows, heads, groups, head_dim, size = 4, 2, 1, 8, 16
+    state = torch.randn(rows, heads, head_dim, size, generator=gen)
+    whole, blocked = state.clone(), state.clone()
+    a, d = -torch.rand(heads, generator=gen), torch.rand(heads, generator=gen)
+    for _ in range(3):
+        x, dt = torch.randn(rows, heads, head_dim, generator=gen), torch.rand(rows, heads, generator=gen)
+        b, c = (torch.randn(rows, groups, size, generator=gen) for _ in range(2))
+        monkeypatch.setattr(recurrent_steps, "STATE_BLOCK_BYTES", None)
+        want = recurrent_steps.mamba2_step(x, dt, a, b, c, d, whole)
+        monkeypatch.setattr(recurrent_steps, "STATE_BLOCK_BYTES", 3 * head_dim * size * 4)
+        assert len(recurrent_steps.state_blocks(blocked.view(-1, head_dim, size), recurrent_steps.STATE_BLOCK_BYTES)) == 3
+        got = recurrent_steps.mamba2_step(x, dt, a, b, c, d, blocked)
+        assert (got - want).abs().max().item() <= 1e-6 and (blocked - whole).abs().max().item() <= 1e-6
+    assert (blocked - state).abs().max().item() > 0.1
+
+
 def test_gated_delta_steps_equal_the_chunked_reference_across_a_chunk_and_padding():
     """The token loop of a prefill (3 rows, 70 tokens: past one 64-token chunk, from a random state, the
     last tokens of two rows padding with no decay and no write) gives the chunked reference's outputs and

@@ -63,8 +63,8 @@ def _delta_update(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, d
 
 
 # A decode step updates the states in blocks of at most this many bytes (64 of 64 x 64 in float32), each
-# block's four passes (scale, read, outer-product add, read) done while it sits in the core's L2 cache,
-# instead of four passes over a layer's whole state (8 MB at 64 rows x 8 heads).
+# block's passes (scale, read, outer-product add, read) done while it sits in the core's L2 cache, instead
+# of each pass over a layer's whole state (8 MB at 64 rows x 8 heads). Both mixers' decode updates.
 STATE_BLOCK_BYTES = 1 << 20
 
 
@@ -85,16 +85,30 @@ def mamba2_step(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Ten
 
     ``x`` [R, H, head_dim], ``dt`` [R, H] (after softplus and clamp), ``a`` / ``d`` [H], ``b`` / ``c``
     [R, G, N] (G groups of H // G heads), ``state`` [R, H, head_dim, N] float32 (contiguous). Returns
-    the output [R, H, head_dim] in ``x``'s dtype."""
+    the output [R, H, head_dim] in ``x``'s dtype. The (row, head) states are updated ``STATE_BLOCK_BYTES``
+    at a time."""
     rows, heads, head_dim = x.shape
     groups, size = b.shape[1:]
     flat = state.view(rows * heads, head_dim, size)
-    flat.mul_(torch.exp(dt.float() * a.float()).reshape(-1, 1, 1))
+    decay = torch.exp(dt.float() * a.float()).reshape(-1, 1, 1)
     b, c = (t.repeat_interleave(heads // groups, dim=1) for t in (b, c))  # [R, H, N]: each head's group
     written = (dt[..., None] * b).float().reshape(-1, 1, size)  # dt * B, [R * H, 1, N]
-    flat.baddbmm_(x.float().reshape(-1, head_dim, 1), written)  # S += outer(x, dt * B)
-    out = torch.bmm(flat, c.float().reshape(-1, size, 1)).view(rows, heads, head_dim)  # S @ C
-    return (out + x * d[:, None]).to(x.dtype)
+    inputs, readout = x.float().reshape(-1, head_dim, 1), c.float().reshape(-1, size, 1)
+    out = []
+    for part in state_blocks(flat, STATE_BLOCK_BYTES):
+        block = flat[part]
+        block.mul_(decay[part])
+        block.baddbmm_(inputs[part], written[part])  # S += outer(x, dt * B)
+        out.append(torch.bmm(block, readout[part]))  # S @ C
+    return (torch.cat(out).view(rows, heads, head_dim) + x * d[:, None]).to(x.dtype)
+
+
+def state_blocks(flat: torch.Tensor, block_bytes: int | None) -> list[slice]:
+    """Slices of the first axis of ``flat`` [N, a, b] (one recurrent state per row and head), each covering
+    at most ``block_bytes`` of states (None: one slice of all)."""
+    count = flat.shape[0]
+    per = count if block_bytes is None else max(1, block_bytes // (flat[0].numel() * flat.element_size()))
+    return [slice(start, start + per) for start in range(0, count, per)]
 
 
 # Cost model of the gated delta rule's prefill (ms, CPU, 8 heads of 64): chunked reference per (row,
@@ -123,8 +137,7 @@ def gated_delta_steps(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     per_token = [x.transpose(0, 1).reshape(length, batch * heads, 1, -1)  # [q, B * H, 1, D]
                  for x in (query, key, value.float(), g.float().exp()[..., None], beta.float()[..., None])]
     flat = state.view(batch * heads, k_dim, v_dim)
-    block = batch * heads if block_bytes is None else max(1, block_bytes // (k_dim * v_dim * flat.element_size()))
-    blocks = [slice(start, start + block) for start in range(0, batch * heads, block)]
+    blocks = state_blocks(flat, block_bytes)
     out = torch.stack([torch.cat([_delta_update(*(x[t][part] for x in per_token), flat[part]) for part in blocks])
                        for t in range(length)])
     return out.view(length, batch, heads, v_dim).transpose(0, 1).to(dtype)
