@@ -53,13 +53,20 @@ def time_modules(model: torch.nn.Module, rows: int, named: dict[str, torch.nn.Mo
             mod._profile_start = time.perf_counter()
 
         def stop(mod, args, kwargs, _out, kind=kind):
-            hidden = args[0] if args else next(iter(kwargs.values()))
-            if hidden.shape[:-1] in ((rows, 1), (rows,)):  # a decode forward over all rows
+            if is_decode(args[0] if args else next(iter(kwargs.values())), rows):
                 seconds[kind].append(time.perf_counter() - mod._profile_start)
 
         module.register_forward_pre_hook(start, with_kwargs=True)
         module.register_forward_hook(stop, with_kwargs=True)
     return seconds
+
+
+def is_decode(inputs: torch.Tensor, rows: int) -> bool:
+    """Whether a module's first input is a decode forward's over all ``rows``: token ids ``[rows, 1]`` (the
+    decoder's; a prefill's ``[rows, L]`` is not), or hidden states ``[rows, 1, hidden]`` / flattened ``[rows, hidden]``."""
+    if not inputs.is_floating_point():
+        return tuple(inputs.shape) == (rows, 1)
+    return inputs.shape[:-1] in ((rows, 1), (rows,))
 
 
 def profile(family: str, args) -> dict[str, float]:

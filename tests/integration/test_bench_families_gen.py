@@ -54,6 +54,17 @@ def test_profile_tiny_mode_times_the_decode_step_per_module_kind(capsys):
     assert "(2 calls/step)" in capsys.readouterr().out  # the tiny models' 2 layers, once per decode step
 
 
+def test_profile_counts_decode_forwards_only():
+    """The decoder's own line times its decode forwards (ids [rows, 1]), not the prefill's [rows, L] ids, which
+    share their first axis; the layers' hidden states are [rows, 1, hidden] (an MoE's experts: [rows, hidden])."""
+    import torch
+
+    is_decode = load("families_profile").is_decode
+    assert is_decode(torch.zeros(4, 1, dtype=torch.long), 4) and not is_decode(torch.zeros(4, 9, dtype=torch.long), 4)
+    assert is_decode(torch.zeros(4, 1, 8), 4) and is_decode(torch.zeros(4, 8), 4)
+    assert not is_decode(torch.zeros(4, 9, 8), 4) and not is_decode(torch.zeros(2, 1, 8), 4)
+
+
 def test_the_sdpa_decode_variant_runs_the_engine_with_sdpa_decode_attention(monkeypatch):
     """--sdpa-decode (bfloat16): a third engine, the native one with its decode attention on CPU SDPA (an A/B
     of the grouped matmuls the engine runs on CPU), which only that engine's decode steps call."""
