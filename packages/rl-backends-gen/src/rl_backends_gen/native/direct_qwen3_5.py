@@ -32,7 +32,6 @@ from rl_backends_gen.native.steps import DecodeStep
 
 LAYERS = {"Qwen3_5DecoderLayer", "Qwen3_5MoeDecoderLayer"}
 NORMS = {"Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm"}
-GATED_NORMS = {"Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated"}
 
 
 def norm_of(norm: nn.Module):
@@ -49,7 +48,7 @@ def builder(layer: nn.Module, cache):
     if layer.block_type == "linear_attention" and isinstance(cache, RecurrentState):
         mixer = layer.linear_attn
         linears = [mixer.in_proj_qkv, mixer.in_proj_z, mixer.in_proj_b, mixer.in_proj_a, mixer.out_proj]
-        if plain(linears) and type(mixer.norm).__name__ in GATED_NORMS and mixer.norm.activation == "silu":
+        if plain(linears):
             return GatedDeltaNetLayer
     if layer.block_type == "full_attention" and isinstance(cache, AttentionKV) and cache.window is None:
         attention = layer.self_attn
@@ -66,8 +65,9 @@ def _norms_reproducible(layer: nn.Module) -> bool:
 
 
 class GatedDeltaNetLayer:
-    """A linear-attention layer: norm, the four input projections as one product, the causal convolution
-    and the gated delta rule on the row's cached state, the gated RMSNorm, the output projection; the MLP."""
+    """A linear-attention layer: norm, the four input projections as one product, then the engine's mixer
+    steps (``recurrent.py``: convolution, delta-rule inputs, the gated delta rule on the row's cached state,
+    gated RMSNorm and output projection); the MLP."""
 
     def __init__(self, layer: nn.Module):
         self.layer, mixer = layer, layer.linear_attn
@@ -83,18 +83,9 @@ class GatedDeltaNetLayer:
         hidden = zero_centered_rms_norm(hidden, layer.input_layernorm)
         mixed, z, b, a = F.linear(hidden, self.weight, self.bias).split(self.widths, dim=-1)
         mixed = recurrent.convolve(mixer, mixed.transpose(1, 2), step, cache).transpose(1, 2)  # [R, 1, conv_dim]
-        query, key, value = torch.split(mixed, [mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
-        query = query.reshape(rows, 1, -1, mixer.head_k_dim)
-        key = key.reshape(rows, 1, -1, mixer.head_k_dim)
-        value = value.reshape(rows, 1, -1, mixer.head_v_dim)
-        beta = b.sigmoid()
-        g = -mixer.A_log.float().exp() * F.softplus(a.float() + mixer.dt_bias)
-        if mixer.num_v_heads // mixer.num_k_heads > 1:
-            query = query.repeat_interleave(mixer.num_v_heads // mixer.num_k_heads, dim=2)
-            key = key.repeat_interleave(mixer.num_v_heads // mixer.num_k_heads, dim=2)
+        query, key, value, g, beta = recurrent.delta_rule_inputs(mixer, mixed, b, a)
         out = recurrent_steps.gated_delta_step(query, key, value, g, beta, cache["state"][:rows])  # state in place
-        out = _gated_rms_norm(out.reshape(-1, mixer.head_v_dim), z.reshape(-1, mixer.head_v_dim), mixer.norm)
-        hidden = residual + mixer.out_proj(out.reshape(rows, 1, -1))
+        hidden = residual + recurrent.delta_rule_output(mixer, out, z)
         return hidden + self.mlp(zero_centered_rms_norm(hidden, layer.post_attention_layernorm))
 
 
@@ -128,11 +119,3 @@ class GatedAttentionLayer:
         hidden = residual + attention.o_proj(out)
         return hidden + self.mlp(zero_centered_rms_norm(hidden, layer.post_attention_layernorm))
 
-
-def _gated_rms_norm(hidden: torch.Tensor, gate: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """Qwen3.5's gated RMSNorm forward: normalise, scale (in the input dtype), times silu of the gate in float32."""
-    dtype = hidden.dtype
-    out = hidden.to(torch.float32)
-    out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    out = norm.weight * out.to(dtype)
-    return (out * F.silu(gate.to(torch.float32))).to(dtype)

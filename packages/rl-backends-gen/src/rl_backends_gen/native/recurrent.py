@@ -80,15 +80,8 @@ def gated_delta_net_forward(self, hidden_states, cache_params=None, attention_ma
     layer = rl_step.cache.layers[self.layer_idx]
     batch, length, _ = hidden_states.shape
     mixed = convolve(self, self.in_proj_qkv(hidden_states).transpose(1, 2), rl_step, layer).transpose(1, 2)
-    query, key, value = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-    query = query.reshape(batch, length, -1, self.head_k_dim)
-    key = key.reshape(batch, length, -1, self.head_k_dim)
-    value = value.reshape(batch, length, -1, self.head_v_dim)
-    beta = self.in_proj_b(hidden_states).sigmoid()  # [B, q, v_heads]
-    g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden_states).float() + self.dt_bias)
-    if self.num_v_heads // self.num_k_heads > 1:
-        query = query.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=2)
-        key = key.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=2)
+    query, key, value, g, beta = delta_rule_inputs(self, mixed, self.in_proj_b(hidden_states),
+                                                   self.in_proj_a(hidden_states))
     if isinstance(rl_step, DecodeStep):
         out = recurrent_steps.gated_delta_step(query, key, value, g, beta, layer["state"][:batch])  # state in place
     else:
@@ -103,7 +96,30 @@ def gated_delta_net_forward(self, hidden_states, cache_params=None, attention_ma
                                                               initial_state=initial, output_final_state=True,
                                                               use_qk_l2norm_in_kernel=True)
         layer["state"][rl_step.slots] = final[rl_step.row_of_slot].to(layer["state"].dtype)
-    z = self.in_proj_z(hidden_states)
+    return delta_rule_output(self, out, self.in_proj_z(hidden_states))
+
+
+def delta_rule_inputs(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
+    """The gated delta rule's ``(query, key, value, g, beta)`` from the convolution's output ``mixed``
+    [B, q, conv_dim] and the ``b`` / ``a`` projections [B, q, v_heads], as transformers' forward makes them
+    (query / key repeated over the value heads they serve)."""
+    batch, length, _ = mixed.shape
+    query, key, value = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    query = query.reshape(batch, length, -1, self.head_k_dim)
+    key = key.reshape(batch, length, -1, self.head_k_dim)
+    value = value.reshape(batch, length, -1, self.head_v_dim)
+    beta = b.sigmoid()  # [B, q, v_heads]
+    g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+    if self.num_v_heads // self.num_k_heads > 1:
+        query = query.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=2)
+        key = key.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=2)
+    return query, key, value, g, beta
+
+
+def delta_rule_output(self, out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """The mixer's output from the delta rule's ``out`` [B, q, v_heads, Dv]: the gated RMSNorm with the ``z``
+    projection [B, q, value_dim], then the output projection."""
+    batch, length = out.shape[:2]
     out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
     return self.out_proj(out.reshape(batch, length, -1))
 
