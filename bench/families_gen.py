@@ -8,6 +8,7 @@ Qwen3-MoE (8 experts, 2 per token: the active MLP of SmolLM2's dense one; 320M p
     python bench/families_gen.py --phases --chunked-prefill    # prefill and decode/step, token loop vs chunks
     python bench/families_gen.py --dtype bfloat16 --phases --sdpa-decode   # decode attention: matmuls vs SDPA
     python bench/families_gen.py --families qwen3_moe --hf-forward-decode   # the engine's own decode forward or not
+    python bench/families_gen.py --phases --narrow      # each engine's fixed cost per decode step (tiny widths)
     python bench/families_gen.py --tiny                 # the tiny models, batch 4: a check that it runs
 
 Same protocol as bench/gen_cpu.py (interleaved rounds, best round, temperature 1.0 and no stop token so
@@ -39,6 +40,15 @@ SIZES = {
                          linear_key_head_dim=64, linear_value_head_dim=64),
     "qwen3_moe": dict(SMOLLM2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=768),
 }
+# --narrow: the same layers (count, kinds, experts) at the tiny models' widths, so that a step's time is what it
+# costs beyond reading weights and doing FLOPs: per-layer operations, dispatch, Python.
+NARROW = {
+    "qwen3_5_text": dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=64,
+                         vocab_size=512, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=32,
+                         linear_value_head_dim=32),
+    "qwen3_moe": dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=64,
+                      vocab_size=512, moe_intermediate_size=32),
+}
 
 
 def sampling_params(new_tokens: int):
@@ -51,12 +61,14 @@ def sampling_params(new_tokens: int):
     return SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=0, stop_token_ids=(2**31 - 1,))
 
 
-def build(family: str, tiny: bool, folder: str) -> str:
-    """The family's model (the tiny one, or at SmolLM2's size: the config's vocab, the tiny tokenizer) saved."""
+def build(family: str, tiny: bool, folder: str, narrow: bool = False) -> str:
+    """The family's model (the tiny one, or at SmolLM2's size: the config's vocab, the tiny tokenizer; with
+    ``narrow``, SmolLM2's layers at the tiny widths) saved."""
     from rl_core.models.tiny import build_tiny_model, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
-    build_tiny_model(tokenizer, family=family, **({} if tiny else SIZES[family])).save_pretrained(folder)
+    size = {} if tiny else {**SIZES[family], **(NARROW[family] if narrow else {})}
+    build_tiny_model(tokenizer, family=family, **size).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -83,9 +95,9 @@ def run_family(family: str, args) -> dict:
     from rl_backends_gen.native import NativeEngine
 
     with tempfile.TemporaryDirectory() as folder:
-        path = build(family, args.tiny, folder)
+        path = build(family, args.tiny, folder, args.narrow)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        prompts = make_family_prompts(args.prompts, tokenizer, args.batch, args.tiny)
+        prompts = make_family_prompts("random" if args.narrow else args.prompts, tokenizer, args.batch, args.tiny)
         native = NativeEngine(path, dtype=args.dtype, max_batch_size=args.batch,
                               max_seq_len=max(map(len, prompts)) + max(args.new_tokens, PHASE_TOKENS) + 8)
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
@@ -191,7 +203,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--hf-forward-decode", action="store_true", help="also run the native engine with its "
                         "decode steps through transformers' forward (an A/B of native/direct.py, the same weights)")
     parser.add_argument("--tiny", action="store_true", help="rl_core.models.tiny's models, batch 4: a quick check")
+    parser.add_argument("--narrow", action="store_true", help="SmolLM2's layers (count, kinds, experts) at the tiny "
+                        "models' widths (hidden 64, vocab 512) and random prompts: what a step costs beyond weights "
+                        "and FLOPs (with --phases: each engine's fixed cost per decode step)")
     args = parser.parse_args(argv)
+    if args.narrow and args.tiny:
+        parser.error("--narrow and --tiny are two model sizes: give one")
     args.batch = args.batch or (4 if args.tiny else 64)
     args.new_tokens = args.new_tokens or (4 if args.tiny else 64)
     args.repeats = args.repeats or (1 if args.tiny else 2)

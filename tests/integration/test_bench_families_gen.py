@@ -138,3 +138,25 @@ def test_phases_mode_times_prefill_and_decode_of_each_engine_and_the_chunked_pre
     for name, r in engines.items():
         assert r["prefill_ms"] > 0 and r["workload_s"] == pytest.approx((r["prefill_ms"] + 4 * r["decode_ms"]) / 1e3), name
     assert "ratio native/hf = " in capsys.readouterr().out
+
+
+def test_narrow_models_keep_smollm2s_layers_at_the_tiny_widths(tmp_path):
+    """--narrow: the benchmarked models' layers (count, kinds, experts) at hidden 64 and vocab 512, so that a
+    step's time is its cost beyond weights and FLOPs; --phases times each engine's decode step on them."""
+    from transformers import AutoConfig
+
+    from rl_core.models.tiny import build_tiny_tokenizer, tiny_model_config
+
+    bench, tokenizer = load(), build_tiny_tokenizer()
+    for family in bench.SIZES:
+        config = AutoConfig.from_pretrained(bench.build(family, False, str(tmp_path / family), narrow=True))
+        wide = tiny_model_config(tokenizer, family, **bench.SIZES[family])
+        assert (config.hidden_size, config.vocab_size, config.num_hidden_layers) == (64, 512, 30), family
+        assert getattr(config, "layer_types", None) == getattr(wide, "layer_types", None), family
+        assert getattr(config, "num_experts", None) == getattr(wide, "num_experts", None), family
+    results = bench.main(["--narrow", "--phases", "--families", "qwen3_moe", "--batch", "4", "--new-tokens", "4",
+                          "--repeats", "1"])
+    assert all(results["qwen3_moe"][name]["decode_ms"] > 0 for name in ("native", "hf"))
+    with pytest.raises(SystemExit) as error:
+        bench.main(["--narrow", "--tiny"])
+    assert error.value.code == 2
