@@ -123,6 +123,29 @@ def test_a_decode_step_updates_the_states_block_by_block_as_all_at_once(monkeypa
     assert (blocked - state).abs().max().item() > 0.1
 
 
+def test_decode_updates_are_blocked_on_cpu_only(monkeypatch):
+    """The blocks fit a CPU core's L2; on another device (here "meta", which runs the same ops on shapes only,
+    standing in for CUDA) a decode update is one block: every block is four more kernel launches there."""
+    sizes = []
+    update = recurrent_steps._delta_update
+    monkeypatch.setattr(recurrent_steps, "_delta_update", lambda *a: sizes.append(a[-1].shape[0]) or update(*a))
+    rows, heads, dim = 64, 8, 64  # 8 MB of float32 states: 8 blocks of 1 MB on CPU
+    for device in ("cpu", "meta"):
+        query, key, value = (torch.zeros(rows, 1, heads, dim, device=device) for _ in range(3))
+        g, beta = torch.zeros(rows, 1, heads, device=device), torch.zeros(rows, 1, heads, device=device)
+        recurrent_steps.gated_delta_step(query, key, value, g, beta, torch.zeros(rows, heads, dim, dim, device=device))
+    assert sizes == [64] * 8 + [512]
+    mamba_blocks = []
+    blocks = recurrent_steps.state_blocks
+    monkeypatch.setattr(recurrent_steps, "state_blocks", lambda flat, size: mamba_blocks.append(size) or blocks(flat, size))
+    for device in ("cpu", "meta"):
+        x, dt = torch.zeros(4, 2, 8, device=device), torch.zeros(4, 2, device=device)
+        a = d = torch.zeros(2, device=device)
+        b = c = torch.zeros(4, 1, 16, device=device)
+        recurrent_steps.mamba2_step(x, dt, a, b, c, d, torch.zeros(4, 2, 8, 16, device=device))
+    assert mamba_blocks == [recurrent_steps.STATE_BLOCK_BYTES, None]
+
+
 def test_a_mamba2_decode_step_updates_the_states_block_by_block_as_all_at_once(monkeypatch):
     """Mamba-2's decode update over blocks of 3 of the 4 rows x 2 heads' states equals one update over all."""
     gen = torch.Generator().manual_seed(0)

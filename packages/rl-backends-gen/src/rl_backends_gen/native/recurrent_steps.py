@@ -62,10 +62,16 @@ def _delta_update(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, d
     return torch.bmm(query, flat)
 
 
-# A decode step updates the states in blocks of at most this many bytes (64 of 64 x 64 in float32), each
-# block's passes (scale, read, outer-product add, read) done while it sits in the core's L2 cache, instead
-# of each pass over a layer's whole state (8 MB at 64 rows x 8 heads). Both mixers' decode updates.
+# A decode step on CPU updates the states in blocks of at most this many bytes (64 of 64 x 64 in float32),
+# each block's passes (scale, read, outer-product add, read) done while it sits in the core's L2 cache,
+# instead of each pass over a layer's whole state (8 MB at 64 rows x 8 heads). Both mixers' decode updates.
 STATE_BLOCK_BYTES = 1 << 20
+
+
+def decode_block_bytes(state: torch.Tensor) -> int | None:
+    """The block size of a decode update of ``state``: ``STATE_BLOCK_BYTES`` on CPU; elsewhere None (one
+    block: a GPU reads the states from memory either way, and every block is four more kernel launches)."""
+    return STATE_BLOCK_BYTES if state.device.type == "cpu" else None
 
 
 def gated_delta_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
@@ -74,9 +80,9 @@ def gated_delta_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
     ``query`` / ``key`` [B, 1, H, Dk] (before the L2 norm), ``value`` [B, 1, H, Dv], ``g`` / ``beta``
     [B, 1, H], ``state`` [B, H, Dk, Dv] float32 (contiguous). Returns the output [B, 1, H, Dv] in
-    ``query``'s dtype. The (row, head) states are updated ``STATE_BLOCK_BYTES`` at a time: the same
+    ``query``'s dtype. On CPU the (row, head) states are updated ``STATE_BLOCK_BYTES`` at a time: the same
     products on each state, 1.2-1.3x faster at 64 rows x 8 heads of 64 x 64 (2-core CPU, torch 2.13)."""
-    return gated_delta_steps(query, key, value, g, beta, state, block_bytes=STATE_BLOCK_BYTES)
+    return gated_delta_steps(query, key, value, g, beta, state, block_bytes=decode_block_bytes(state))
 
 
 def mamba2_step(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
@@ -85,8 +91,8 @@ def mamba2_step(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Ten
 
     ``x`` [R, H, head_dim], ``dt`` [R, H] (after softplus and clamp), ``a`` / ``d`` [H], ``b`` / ``c``
     [R, G, N] (G groups of H // G heads), ``state`` [R, H, head_dim, N] float32 (contiguous). Returns
-    the output [R, H, head_dim] in ``x``'s dtype. The (row, head) states are updated ``STATE_BLOCK_BYTES``
-    at a time."""
+    the output [R, H, head_dim] in ``x``'s dtype. On CPU the (row, head) states are updated
+    ``STATE_BLOCK_BYTES`` at a time."""
     rows, heads, head_dim = x.shape
     groups, size = b.shape[1:]
     flat = state.view(rows * heads, head_dim, size)
@@ -95,7 +101,7 @@ def mamba2_step(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Ten
     written = (dt[..., None] * b).float().reshape(-1, 1, size)  # dt * B, [R * H, 1, N]
     inputs, readout = x.float().reshape(-1, head_dim, 1), c.float().reshape(-1, size, 1)
     out = []
-    for part in state_blocks(flat, STATE_BLOCK_BYTES):
+    for part in state_blocks(flat, decode_block_bytes(state)):
         block = flat[part]
         block.mul_(decay[part])
         block.baddbmm_(inputs[part], written[part])  # S += outer(x, dt * B)
