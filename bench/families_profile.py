@@ -4,8 +4,12 @@ models of bench/families_gen.py (batch 64, fp32 or bfloat16).
     python bench/families_profile.py                       # both families, 16 new tokens, 1 thread
     python bench/families_profile.py --families qwen3_moe --threads 2
     python bench/families_profile.py --families qwen3_5_text --threads 2 --dtype bfloat16
+    python bench/families_profile.py --families qwen3_moe --prompts random   # tokens spread over every expert
     python bench/families_profile.py --tiny                # the tiny models, batch 4: a check that it runs
     python bench/families_profile.py --kernels             # one layer's reference vs engine kernels, A/B
+
+The prompts are families-gen's (``--prompts``: gen-cpu's chat prompts by default, or random ids): a random
+MoE's router sends the chat prompts' 64 rows to 2-4 experts a layer, random ids to all 8.
 
 Forward hooks time every decoder layer and the modules inside it (attention, gated delta-net, MoE
 block, experts, router, MLP, norms) and every ``Linear`` (the LM head included: their sum is the step's
@@ -35,7 +39,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from families_gen import SIZES, build, sampling_params  # noqa: E402
+from families_gen import SIZES, build, make_family_prompts, sampling_params  # noqa: E402
 
 TIMED = ("DecoderLayer", "Attention", "GatedDeltaNet", "SparseMoeBlock", "Experts", "TopKRouter", "MLP", "RMSNorm",
          "Linear")
@@ -71,12 +75,14 @@ def is_decode(inputs: torch.Tensor, rows: int) -> bool:
 
 def profile(family: str, args) -> dict[str, float]:
     """``{module kind: ms per decode step}`` of ``family``'s model, printed as a table."""
+    from transformers import AutoTokenizer
+
     from rl_backends_gen.native import NativeEngine
 
     with tempfile.TemporaryDirectory() as folder:
         path = build(family, args.tiny, folder)
-        gen = torch.Generator().manual_seed(0)
-        prompts = [torch.randint(4, 512, (40 + i % 17,), generator=gen).tolist() for i in range(args.batch)]
+        # families-gen's prompts: the MoE's routing (how many experts a layer's rows reach) depends on them
+        prompts = make_family_prompts(args.prompts, AutoTokenizer.from_pretrained(path), args.batch, args.tiny)
         # Through transformers' forward (direct_decode=False): the hooks time its module calls, which the engine's
         # own decode forward (native/direct.py, the MoE's default on CPU) does not make per layer.
         engine = NativeEngine(path, dtype=args.dtype, max_batch_size=args.batch,
@@ -90,7 +96,8 @@ def profile(family: str, args) -> dict[str, float]:
         engine.shutdown()
     layer_calls = sum(len(times) for kind, times in seconds.items() if kind.endswith("DecoderLayer"))
     steps = max(layer_calls // layers, 1)  # decode forwards timed
-    print(f"# {family} {args.dtype}: {args.new_tokens} tokens x {args.batch} rows in {total:.1f} s, {steps} decode steps timed, "
+    print(f"# {family} {args.dtype}, {args.prompts} prompts: {args.new_tokens} tokens x {args.batch} rows in {total:.1f} s, "
+          f"{steps} decode steps timed, "
           f"threads={torch.get_num_threads()}, load average={os.getloadavg()[0]:.1f}")
     for kind, times in sorted(seconds.items(), key=lambda item: -sum(item[1])):
         print(f"{kind:>28} {sum(times) * 1000 / steps:8.1f} ms/step  ({len(times) // steps} calls/step)")
@@ -165,6 +172,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--tiny", action="store_true", help="rl_core.models.tiny's models, batch 4: a quick check")
     parser.add_argument("--kernels", action="store_true", help="time one layer's kernels, reference vs engine")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
+    parser.add_argument("--prompts", default="chat", choices=["chat", "random"],
+                        help="families-gen's prompts (chat: gen-cpu's, the benchmark's; random: random ids, which "
+                        "spread the MoE's tokens over all its experts where the chat prompts reach 2-4 a layer)")
     args = parser.parse_args(argv)
     args.batch = args.batch or (4 if args.tiny else 64)
     torch.set_num_threads(args.threads)

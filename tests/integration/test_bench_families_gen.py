@@ -51,7 +51,9 @@ def test_profile_tiny_mode_times_the_decode_step_per_module_kind(capsys):
         decoder, linears = kinds.pop("decoder (no LM head)"), kinds.pop("Linear")  # the linears: the LM head too
         assert all(ms <= layer for kind, ms in kinds.items()), family
         assert decoder >= layer and linears > 0, family
-    assert "(2 calls/step)" in capsys.readouterr().out  # the tiny models' 2 layers, once per decode step
+    out = capsys.readouterr().out
+    assert "(2 calls/step)" in out  # the tiny models' 2 layers, once per decode step
+    assert "# qwen3_moe float32, chat prompts:" in out  # families-gen's prompts, its default kind
 
 
 def test_profile_counts_decode_forwards_only():
