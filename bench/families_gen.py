@@ -97,7 +97,7 @@ def run_family(family: str, args) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         path = build(family, args.tiny, folder, args.narrow)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        prompts = make_family_prompts("random" if args.narrow else args.prompts, tokenizer, args.batch, args.tiny)
+        prompts = make_family_prompts(args.prompts, tokenizer, args.batch, args.tiny)
         native = NativeEngine(path, dtype=args.dtype, max_batch_size=args.batch,
                               max_seq_len=max(map(len, prompts)) + max(args.new_tokens, PHASE_TOKENS) + 8)
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
@@ -209,6 +209,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     args = parser.parse_args(argv)
     if args.narrow and args.tiny:
         parser.error("--narrow and --tiny are two model sizes: give one")
+    if args.narrow:
+        args.prompts = "random"  # the chat prompts' ids need SmolLM2's vocabulary
     args.batch = args.batch or (4 if args.tiny else 64)
     args.new_tokens = args.new_tokens or (4 if args.tiny else 64)
     args.repeats = args.repeats or (1 if args.tiny else 2)

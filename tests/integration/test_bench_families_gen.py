@@ -142,7 +142,7 @@ def test_phases_mode_times_prefill_and_decode_of_each_engine_and_the_chunked_pre
     assert "ratio native/hf = " in capsys.readouterr().out
 
 
-def test_narrow_models_keep_smollm2s_layers_at_the_tiny_widths(tmp_path):
+def test_narrow_models_keep_smollm2s_layers_at_the_tiny_widths(tmp_path, capsys):
     """--narrow: the benchmarked models' layers (count, kinds, experts) at hidden 64 and vocab 512, so that a
     step's time is its cost beyond weights and FLOPs; --phases times each engine's decode step on them."""
     from transformers import AutoConfig
@@ -159,6 +159,7 @@ def test_narrow_models_keep_smollm2s_layers_at_the_tiny_widths(tmp_path):
     results = bench.main(["--narrow", "--phases", "--families", "qwen3_moe", "--batch", "4", "--new-tokens", "4",
                           "--repeats", "1"])
     assert all(results["qwen3_moe"][name]["decode_ms"] > 0 for name in ("native", "hf"))
+    assert "prompts=random" in capsys.readouterr().out  # the chat prompts' ids need SmolLM2's vocabulary
     with pytest.raises(SystemExit) as error:
         bench.main(["--narrow", "--tiny"])
     assert error.value.code == 2
