@@ -73,6 +73,9 @@ def build(family: str, tiny: bool, folder: str, narrow: bool = False) -> str:
     return folder
 
 
+PROMPTS = ("chat", "random")  # the prompt kinds of make_family_prompts (--prompts)
+
+
 def make_family_prompts(kind: str, tokenizer, batch: int, tiny: bool) -> list[list[int]]:
     """``batch`` prompts of token ids: gen-cpu's chat prompts (SmolLM2's tokenizer at SmolLM2's size, the
     tiny tokenizer with ``tiny``) or random ids of 40-56 tokens."""
@@ -192,8 +195,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--batch", type=int, default=None, help="prompts per call (default 64; 4 with --tiny)")
     parser.add_argument("--new-tokens", type=int, default=None, help="default 64; 4 with --tiny")
     parser.add_argument("--repeats", type=int, default=None, help="rounds of (native, hf); default 2, 1 with --tiny")
-    parser.add_argument("--prompts", default="chat", choices=["chat", "random"],
-                        help="gen-cpu's chat prompts (a shared 27-token prefix) or random ids (no shared prefix)")
+    parser.add_argument("--prompts", default=None, choices=PROMPTS,
+                        help="gen-cpu's chat prompts (a shared 27-token prefix; the default) or random ids (no shared "
+                        "prefix; the default with --narrow)")
     parser.add_argument("--phases", action="store_true",
                         help="time prefill (1 new token) and decode per step (33 - 1 tokens) instead of the workload")
     parser.add_argument("--chunked-prefill", action="store_true", help="also run the native engine with its "
@@ -209,8 +213,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     args = parser.parse_args(argv)
     if args.narrow and args.tiny:
         parser.error("--narrow and --tiny are two model sizes: give one")
-    if args.narrow:
-        args.prompts = "random"  # the chat prompts' ids need SmolLM2's vocabulary
+    if args.narrow and args.prompts == "chat":
+        parser.error("--narrow runs random prompts: the chat prompts' token ids need SmolLM2's vocabulary")
+    args.prompts = args.prompts or ("random" if args.narrow else "chat")
     args.batch = args.batch or (4 if args.tiny else 64)
     args.new_tokens = args.new_tokens or (4 if args.tiny else 64)
     args.repeats = args.repeats or (1 if args.tiny else 2)

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from families_gen import SIZES, build, make_family_prompts, sampling_params  # noqa: E402
+from families_gen import PROMPTS, SIZES, build, make_family_prompts, sampling_params  # noqa: E402
 
 TIMED = ("DecoderLayer", "Attention", "GatedDeltaNet", "SparseMoeBlock", "Experts", "TopKRouter", "MLP", "RMSNorm",
          "Linear")
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--tiny", action="store_true", help="rl_core.models.tiny's models, batch 4: a quick check")
     parser.add_argument("--kernels", action="store_true", help="time one layer's kernels, reference vs engine")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
-    parser.add_argument("--prompts", default="chat", choices=["chat", "random"],
+    parser.add_argument("--prompts", default="chat", choices=PROMPTS,
                         help="families-gen's prompts (chat: gen-cpu's, the benchmark's; random: random ids, which "
                         "spread the MoE's tokens over all its experts where the chat prompts reach 2-4 a layer)")
     args = parser.parse_args(argv)

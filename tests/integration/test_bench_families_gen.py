@@ -160,6 +160,7 @@ def test_narrow_models_keep_smollm2s_layers_at_the_tiny_widths(tmp_path, capsys)
                           "--repeats", "1"])
     assert all(results["qwen3_moe"][name]["decode_ms"] > 0 for name in ("native", "hf"))
     assert "prompts=random" in capsys.readouterr().out  # the chat prompts' ids need SmolLM2's vocabulary
-    with pytest.raises(SystemExit) as error:
-        bench.main(["--narrow", "--tiny"])
-    assert error.value.code == 2
+    for clash in (["--tiny"], ["--prompts", "chat"]):  # two model sizes; chat ids beyond the narrow vocabulary
+        with pytest.raises(SystemExit) as error:
+            bench.main(["--narrow", *clash])
+        assert error.value.code == 2
