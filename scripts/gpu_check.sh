@@ -2,7 +2,7 @@
 # The GPU checks, as one short script for a device machine (one CUDA GPU, no network), ending in a
 # summary table (check, pass/fail/skip, seconds), also written to $OUT/summary.txt:
 #   - native engine on CUDA: greedy and logprobs vs HF (fp32), bf16 decode vs an HF bf16 forward, sleep
-#   - native engine features on CUDA: every tiny model family vs HF, speculative decoding (n-gram, draft)
+#   - native engine features on CUDA: every tiny model family vs HF, speculative decoding (n-gram, draft, draft vocabulary)
 #     vs plain greedy, prompts with images vs HF generate, the MoE routing record vs a plain forward
 #   - DTensor: bf16 mixed precision (with and without CPU offload); DCP save/load and resume
 #   - Megatron-core: one forward and one step equal DTensor's

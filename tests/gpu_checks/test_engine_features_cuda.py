@@ -39,7 +39,8 @@ def test_family_greedy_and_logprobs_equal_hf_on_the_gpu(family, tiny_family_dir,
 @pytest.mark.parametrize("speculative", [
     SpeculativeConfig(method="ngram", num_tokens=3, ngram={"min_n": 1, "max_n": 3}),
     SpeculativeConfig(method="draft", num_tokens=3, draft_model="policy_layers:1"),
-], ids=["ngram", "draft"])
+    SpeculativeConfig(method="draft", num_tokens=3, draft_model="policy_layers:1", draft_vocab_size=64),
+], ids=["ngram", "draft", "draft-vocab"])
 def test_speculative_greedy_is_plain_greedy_on_the_gpu(speculative, tiny_model_dir, tiny_prompts, tiny_tokenizer):
     prompts = tiny_prompts + [tiny_tokenizer.encode("1 2 3 1 2 3 1 2 3 1 2")]
     greedy = SamplingParams(max_new_tokens=24, temperature=0.0)

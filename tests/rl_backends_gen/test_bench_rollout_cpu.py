@@ -86,3 +86,19 @@ def test_the_draft_engine_takes_a_saved_draft(tmp_path):
     proposer = bench.build_runners(args, bench.tiny_model(args), None, 64, [])["draft"].engine.speculative.proposer
     assert not proposer.shared and len(proposer.decoder.layers) == 2  # the saved model's layers, not policy_layers:1
     assert bench.run(args)["draft"]["proposed_tokens"] > 0
+
+
+def test_the_draft_vocab_engine_drafts_over_its_own_vocabulary(capsys):
+    """``draft-vocab``: the draft engine with ``draft_vocab_size`` (64 of the tiny model's 512 with --tiny):
+    the same samples as the plain engine, and the coverage of its vocabulary reported."""
+    bench = load_bench("rollout_cpu")
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse_args(["--draft-vocab", "0"])
+    assert exit_info.value.code == 2
+    args = bench.parse_args(["--tiny", "--no-vllm", "--engines", "native", "draft-vocab", "--max-batch-rows", "40"])
+    engine = bench.build_runners(args, bench.tiny_model(args), None, 64, [])["draft-vocab"].engine
+    assert engine.speculative.proposer.vocab.size == 64
+    best = bench.run(args)
+    assert best["draft-vocab"]["tokens"] == best["native"]["tokens"] > 0
+    assert best["draft-vocab"]["proposed_tokens"] > 0 and 0 < best["draft-vocab"]["draft_vocab_coverage"] <= 1
+    assert "# draft-vocab: its draft vocabulary held " in capsys.readouterr().out

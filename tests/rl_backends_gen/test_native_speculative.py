@@ -3,6 +3,7 @@ target's distribution, logprobs are the target's."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 
@@ -248,6 +249,8 @@ def test_draft_with_another_vocabulary_is_refused(tiny_model_dir, tmp_path):
     ({"method": "ngram", "ngram": {"min_n": 4, "max_n": 2}}, "must not exceed"),
     ({"method": "draft", "draft_model": "policy_layers:x"}, "policy_layers:N"),
     ({"method": "draft", "num_tokens": 0}, "num_tokens"),
+    ({"method": "ngram", "draft_vocab_size": 8}, "draft_vocab_size sizes a draft model's head"),
+    ({"method": "draft", "draft_vocab_size": 0}, "draft_vocab_size"),
 ])
 def test_bad_speculative_configs_fail_clearly(raw, message):
     with pytest.raises(ValidationError, match=message):
@@ -257,6 +260,9 @@ def test_bad_speculative_configs_fail_clearly(raw, message):
 def test_backends_without_speculation_refuse_it():
     with pytest.raises(ValidationError, match="not backend=sglang"):
         GenerationConfig(backend="sglang", speculative={"method": "ngram"})
+    with pytest.raises(ValidationError, match="draft_vocab_size is the native engine's"):
+        GenerationConfig(backend="vllm", speculative={"method": "draft", "draft_model": "/drafts/a",
+                                                      "draft_vocab_size": 8})
     assert GenerationConfig(backend="native", speculative={"method": "ngram"}).speculative.num_tokens == 4
 
 
@@ -286,3 +292,54 @@ def test_greedy_speculation_across_attention_kinds(family, tiny_family_dir, tiny
 def test_recurrent_layers_are_refused(tiny_family_dir):
     with pytest.raises(NotImplementedError, match="cannot roll back"):
         NativeEngine(tiny_family_dir("qwen3_5_text"), max_batch_size=2, max_seq_len=64, speculative=NGRAM)
+
+
+def test_draft_vocabulary_proposes_its_most_frequent_tokens_only_and_keeps_the_output(tiny_model_dir, plain, prompts):
+    """draft_vocab_size=64 of 512: the draft proposes from the 64 tokens counted most in the engine's prompts
+    and completions so far (ties: the lower id), re-picked at each call from the head as it is then; the
+    output stays the plain engine's, token for token."""
+    spec = DRAFT.model_copy(update={"draft_vocab_size": 64})
+    engine = NativeEngine(tiny_model_dir, max_batch_size=4, max_seq_len=128, speculative=spec)
+    proposer = engine.speculative.proposer
+    proposed = []
+    propose = proposer.propose
+
+    def recording(call, k):
+        proposals = propose(call, k)
+        proposed.append((proposer.vocab.ids.clone(), proposals.tokens.clone()))
+        return proposals
+
+    proposer.propose = recording
+    counts = collections.Counter()
+
+    def expected_ids(counts):
+        return sorted(sorted(range(512), key=lambda token: (-counts[token], token))[:64])
+
+    for sampling in (SamplingParams(max_new_tokens=24, temperature=0.0),
+                     SamplingParams(max_new_tokens=24, temperature=1.0, n=2, seed=3)):
+        for prompt in prompts:
+            counts.update(prompt)
+        got = engine.generate(prompts, sampling)
+        assert tokens(got) == tokens(plain.generate(prompts, sampling))
+        assert proposer.vocab.ids.tolist() == expected_ids(counts)
+        completions = [c.token_ids for samples in got for c in samples]
+        inside = sum(token in set(expected_ids(counts)) for c in completions for token in c)
+        metrics = engine.speculative.last_call.metrics()
+        assert metrics["draft_vocab_coverage"] == inside / sum(len(c) for c in completions)
+        for c in completions:
+            counts.update(c)
+    assert proposed and all(torch.isin(tokens_, ids).all() for ids, tokens_ in proposed)
+    assert engine.speculative.last_call.accepted_tokens > 0
+    assert "draft_vocab_coverage" not in NativeEngine(  # no draft vocabulary: no such metric
+        tiny_model_dir, max_batch_size=4, max_seq_len=128, speculative=DRAFT).speculative.last_call.metrics()
+    engine.sleep()  # frees the copied head rows with the caches; the next call copies them again
+    assert proposer.vocab.weight is None
+    engine.wake()
+    # a refit (in place, as copy_weights_in_place writes) reaches the draft vocabulary's head rows
+    with torch.no_grad():
+        engine.head.weight.mul_(1.5)
+    engine.generate(prompts[:1], SamplingParams(max_new_tokens=4, temperature=0.0))
+    assert torch.equal(proposer.vocab.weight, engine.head.weight[proposer.vocab.ids])
+    with pytest.raises(ValueError, match="vocabulary has only 512 tokens"):
+        NativeEngine(tiny_model_dir, max_batch_size=2, max_seq_len=64,
+                     speculative=DRAFT.model_copy(update={"draft_vocab_size": 512}))

@@ -86,6 +86,11 @@ class SpeculativeConfig(StrictModel):
     """method=draft: ``policy_layers:N`` (the policy's own embeddings, first N decoder layers, final
     norm and head: no extra weights, refit updates it with the policy) or a path to an HF causal LM
     with the policy's tokenizer."""
+    draft_vocab_size: int | None = Field(None, ge=1)
+    """method=draft, native engine: the draft's head scores only this many tokens (as EAGLE-3's drafts do):
+    those counted most often in the engine's prompts and completions so far, re-picked at every generate
+    call. A token outside them is never proposed; the output does not change. None: the whole vocabulary.
+    See docs/generation.md, "Draft vocabulary"."""
     ngram: NgramConfig = Field(default_factory=NgramConfig)
     """method=ngram: the suffix lengths searched."""
     train_draft: bool = False
@@ -110,6 +115,9 @@ class SpeculativeConfig(StrictModel):
             if not count.isdigit() or int(count) < 1:
                 raise ValueError(f"draft_model {self.draft_model!r}: write policy_layers:N with N >= 1 "
                                  "(the policy's first N layers), or a path to an HF model")
+        if self.draft_vocab_size is not None and self.method != "draft":
+            raise ValueError(f"draft_vocab_size sizes a draft model's head; method={self.method} has none: set "
+                             "method: draft, or remove draft_vocab_size")
         if self.train_draft and self.method != "draft":
             raise ValueError(f"train_draft=true trains a draft model; method={self.method} has none: set "
                              "method: draft, or train_draft: false")
@@ -207,6 +215,9 @@ class GenerationConfig(StrictModel):
         if self.backend == "vllm" and spec.method == "draft" and spec.policy_layers is not None:
             raise ValueError(f"generation.speculative.draft_model={spec.draft_model} is the native engine's; vLLM "
                              "needs a path to an HF draft model with the policy's tokenizer")
+        if self.backend == "vllm" and spec.draft_vocab_size is not None:
+            raise ValueError("generation.speculative.draft_vocab_size is the native engine's; vLLM's draft model "
+                             "scores its own whole vocabulary: remove draft_vocab_size or set generation.backend=native")
         if spec.train_draft:
             check_train_draft(self)
         return self

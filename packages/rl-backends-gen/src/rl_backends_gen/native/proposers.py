@@ -16,6 +16,7 @@ from torch import nn
 
 from rl_backends_gen.native.attention import ATTENTION_NAME
 from rl_backends_gen.native.cache import EngineCache, RecurrentState
+from rl_backends_gen.native.draft_vocab import DraftVocabulary
 from rl_backends_gen.native.layers import build_layer_caches
 from rl_backends_gen.native.sampling import sample_tokens
 from rl_backends_gen.native.steps import DecodeStep, PrefillStep
@@ -69,8 +70,11 @@ class NgramProposer:
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
 
-    def start_call(self) -> None:
+    def start_call(self, call) -> None:
         self.indices: dict[tuple[int, int], NgramIndex] = {}
+
+    def end_call(self, call, results) -> None:
+        """Nothing to keep: the next call builds its rows' indices anew."""
 
     def prefill(self, call, prompt_indices: list[int], slots_of_prompt: dict[int, list[int]]) -> None:
         """Nothing to compute: a row's index is built on its first proposal."""
@@ -114,10 +118,13 @@ class DraftProposer:
     their keys/values are the target's: the draft reads and writes the engine's cache (the target's
     verify forward rewrites every position the draft wrote, with the same layers), needs no prefill and
     no cache of its own. Otherwise the draft keeps its own cache, whose rows mirror the target's.
+
+    ``vocab`` (``draft_vocab_size``): the draft scores only that vocabulary's tokens (``draft_vocab.py``).
     """
 
-    def __init__(self, decoder: nn.Module, head: nn.Module, cache: EngineCache, target_cache: EngineCache | None = None):
-        self.decoder, self.head = decoder, head
+    def __init__(self, decoder: nn.Module, head: nn.Module, cache: EngineCache, target_cache: EngineCache | None = None,
+                 vocab: DraftVocabulary | None = None):
+        self.decoder, self.head, self.vocab = decoder, head, vocab
         self.shared = target_cache is not None
         if self.shared:
             cache.free()
@@ -126,8 +133,21 @@ class DraftProposer:
         self.caches = [] if self.shared else [cache]  # the caches that move with the rows and sleep
         self._work: torch.Tensor | None = None  # the sampler's [rows, V] buffer, freed with the caches
 
-    def start_call(self) -> None:
-        pass
+    def start_call(self, call) -> None:
+        """A draft vocabulary counts the call's prompts and picks its tokens (reading the head as refitted)."""
+        if self.vocab is not None:
+            self.vocab.count(call.prompts)
+            self.vocab.refresh()
+
+    def end_call(self, call, results) -> None:
+        """A draft vocabulary records how many completion tokens it held (``call.stats``), then counts them."""
+        if self.vocab is None:
+            return
+        completions = [completion.token_ids for samples in results for completion in samples]
+        covered, total = self.vocab.covered(completions)
+        call.stats.vocab_covered += covered
+        call.stats.vocab_tokens += total
+        self.vocab.count(completions)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, step) -> torch.Tensor:
         """Final hidden states ``[B, L, hidden]`` of the draft, attention routed through ``step``."""
@@ -179,8 +199,11 @@ class DraftProposer:
         uniforms = proposal_uniforms(rows, k)
         for j in range(k):
             hidden = self.forward(input_ids, positions, DecodeStep(self.cache, positions))
-            logits = self.head(hidden[:, -1]).float()
+            last = hidden[:, -1]
+            logits = (self.head(last) if self.vocab is None else self.vocab.logits(last)).float()
             token, _ = sample_tokens(logits, call.sampling, uniforms[:, j], self._work_buffer(logits))  # [R]
+            if self.vocab is not None:
+                token = self.vocab.ids[token]  # its index in the draft vocabulary -> its token id
             tokens[:, j] = token
             input_ids, positions = token[:, None], (position + j + 1)[:, None]
         return Proposals(tokens, torch.full((count,), k, dtype=torch.long, device=position.device))
@@ -202,9 +225,11 @@ def proposal_uniforms(rows, k: int) -> torch.Tensor:
     return rows.uniforms[torch.arange(count, device=index.device)[:, None], index]
 
 
-def build_draft(engine, draft_model: str, policy_layers: int | None, trained: bool = False) -> DraftProposer:
+def build_draft(engine, draft_model: str, policy_layers: int | None, trained: bool = False,
+                vocab_size: int | None = None) -> DraftProposer:
     """The draft of ``engine``: its own first ``policy_layers`` layers (shared modules; ``trained``: copies of
-    the layers and final norm, see ``policy_layers_decoder``), or the HF causal LM at ``draft_model``."""
+    the layers and final norm, see ``policy_layers_decoder``), or the HF causal LM at ``draft_model``;
+    ``vocab_size``: its head scores that many tokens only (``draft_vocab.py``)."""
     if policy_layers is not None:
         decoder = policy_layers_decoder(engine, policy_layers, own=trained)
         layers = [copy.copy(layer) for layer in engine.cache.layers[:policy_layers]]  # same kinds and shapes
@@ -227,7 +252,8 @@ def build_draft(engine, draft_model: str, policy_layers: int | None, trained: bo
     cache = EngineCache(layers, engine.max_batch_size, engine.max_seq_len, engine.dtype)
     # The engine's own layers (not copies): their keys/values are the target's, so the draft shares its cache.
     own_layers = policy_layers is not None and all(a is b for a, b in zip(decoder.layers, engine.decoder.layers))
-    return DraftProposer(decoder, head, cache, engine.cache if own_layers else None)
+    vocab = None if vocab_size is None else DraftVocabulary(vocab_size, head, f"the draft ({draft_model})")
+    return DraftProposer(decoder, head, cache, engine.cache if own_layers else None, vocab)
 
 
 def policy_layers_decoder(engine, count: int, own: bool = False) -> nn.Module:

@@ -60,6 +60,8 @@ class SpeculativeStats:
     emitted_tokens: int = 0
     draft_seconds: float = 0.0
     total_seconds: float = 0.0
+    vocab_tokens: int = 0  # draft_vocab_size: completion tokens, and of them those in the draft vocabulary
+    vocab_covered: int = 0
 
     def add(self, other: SpeculativeStats) -> None:
         for field in fields(self):
@@ -69,8 +71,10 @@ class SpeculativeStats:
         """``acceptance_rate``: accepted / proposed tokens; ``mean_accepted_length``: proposals accepted per
         row and step that proposed any (0 .. num_tokens); ``tokens_per_row_step``: tokens a row emits per
         verify forward (plain decoding: 1); ``draft_time_share``: time proposing / generate time;
-        ``speculative_step_share``: decode steps that speculated / all decode steps."""
-        return {
+        ``speculative_step_share``: decode steps that speculated / all decode steps; with a draft vocabulary,
+        ``draft_vocab_coverage``: the completions' tokens it held / all of them."""
+        coverage = {} if not self.vocab_tokens else {"draft_vocab_coverage": self.vocab_covered / self.vocab_tokens}
+        return coverage | {
             "acceptance_rate": self.accepted_tokens / max(self.proposed_tokens, 1),
             "mean_accepted_length": self.accepted_tokens / max(self.drafted_row_steps, 1),
             "tokens_per_row_step": self.emitted_tokens / max(self.row_steps, 1),
@@ -92,7 +96,8 @@ class Speculator:
         if cfg.method == "ngram":
             self.proposer: NgramProposer | DraftProposer = NgramProposer(cfg.ngram.min_n, cfg.ngram.max_n)
         else:
-            self.proposer = build_draft(engine, cfg.draft_model, cfg.policy_layers, trained=cfg.train_draft)
+            self.proposer = build_draft(engine, cfg.draft_model, cfg.policy_layers, trained=cfg.train_draft,
+                                        vocab_size=cfg.draft_vocab_size)
         self.trainer = None  # train_draft: the caller's training loop calls trainer.train(rollouts, loss)
         if cfg.train_draft:
             from rl_backends_gen.native.draft_training import DraftTrainer
@@ -124,6 +129,8 @@ class Speculator:
             cache.free()
         if isinstance(self.proposer, DraftProposer):
             self.proposer._work = None
+            if self.proposer.vocab is not None:  # its head rows: copied again at the next call
+                self.proposer.vocab.weight = self.proposer.vocab.bias = None
         self._logits = self._work = None
 
     def allocate(self) -> None:
@@ -183,9 +190,11 @@ class SpeculativeCall(GenerateCall):
 
     def run(self):
         start = time.perf_counter()
-        self.proposer.start_call()
+        self.proposer.start_call(self)
         try:
-            return super().run()
+            results = super().run()
+            self.proposer.end_call(self, results)
+            return results
         finally:
             self.stats.total_seconds = time.perf_counter() - start
             self.speculator.last_call = self.stats
