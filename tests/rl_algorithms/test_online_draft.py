@@ -163,6 +163,29 @@ def test_the_trained_draft_is_an_hf_model_and_a_checkpoint_carries_it_on(tiny_mo
         restore_draft(other, tmp_path / "step")
 
 
+def test_a_checkpoint_carries_the_draft_vocabulary_on(tiny_model_dir, prompts, tmp_path):
+    """train_draft with draft_vocab_size: draft.pt keeps the vocabulary's token counts, so a resumed engine
+    picks the same tokens as the one that saved it."""
+    spec = TRAINED.model_copy(update={"draft_vocab_size": 64, "draft_steps": 1})
+    engine = NativeEngine(tiny_model_dir, max_batch_size=4, max_seq_len=128, seed=0, speculative=spec)
+    results = engine.generate(prompts, SamplingParams(max_new_tokens=16, temperature=1.0, n=2, seed=0))
+    train_draft(engine, rollout_batch(results, prompts))
+    (tmp_path / "step").mkdir()
+    for name, state in draft_files(engine).items():
+        torch.save(state, tmp_path / "step" / name)
+    resumed = NativeEngine(tiny_model_dir, max_batch_size=4, max_seq_len=128, seed=0, speculative=spec)
+    restore_draft(resumed, tmp_path / "step")
+    counts = engine.speculative.proposer.vocab.counts
+    assert int(counts.sum()) > 0 and torch.equal(resumed.speculative.proposer.vocab.counts, counts)
+    engine.generate(prompts, GREEDY), resumed.generate(prompts, GREEDY)
+    assert torch.equal(resumed.speculative.proposer.vocab.ids, engine.speculative.proposer.vocab.ids)
+    state = torch.load(tmp_path / "step" / DRAFT_FILE)
+    state["vocab_counts"] = state["vocab_counts"][:100]
+    torch.save(state, tmp_path / "step" / DRAFT_FILE)
+    with pytest.raises(CheckpointError, match="draft.pt: the saved draft vocabulary counts 100 tokens"):
+        restore_draft(resumed, tmp_path / "step")
+
+
 def test_train_draft_config_is_strict():
     with pytest.raises(ValidationError, match="method=ngram has none"):
         SpeculativeConfig(method="ngram", train_draft=True)

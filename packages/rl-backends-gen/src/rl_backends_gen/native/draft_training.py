@@ -121,9 +121,13 @@ class DraftTrainer:
                 "train_seconds": time.perf_counter() - start}
 
     def state_dict(self) -> dict:
-        """The draft's own parameters (``decoder.<name>`` / ``head.<name>``, on the CPU) and AdamW's state."""
-        return {"parameters": {name: param.detach().to("cpu", copy=True) for name, param in self.named.items()},
-                "optimizer": self.optimizer.state_dict()}
+        """The draft's own parameters (``decoder.<name>`` / ``head.<name>``, on the CPU) and AdamW's state; with a
+        draft vocabulary (``draft_vocab_size``) its token counts, so a resumed run picks the same tokens."""
+        state = {"parameters": {name: param.detach().to("cpu", copy=True) for name, param in self.named.items()},
+                 "optimizer": self.optimizer.state_dict()}
+        if self.proposer.vocab is not None:
+            state["vocab_counts"] = self.proposer.vocab.counts.clone()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()``'s output; ValueError (nothing changed) when it is another draft's."""
@@ -136,10 +140,16 @@ class DraftTrainer:
             if saved[name].shape != param.shape:
                 raise ValueError(f"the saved draft's {name} is {tuple(saved[name].shape)}, this draft's "
                                  f"{tuple(param.shape)}: set generation.speculative.draft_model as when it was saved")
+        counts, vocab = state.get("vocab_counts"), self.proposer.vocab
+        if vocab is not None and counts is not None and counts.shape != vocab.counts.shape:
+            raise ValueError(f"the saved draft vocabulary counts {counts.shape[0]} tokens, this policy's vocabulary "
+                             f"{vocab.counts.shape[0]}: resume with the tokenizer the run was saved with")
         with torch.no_grad():
             for name, param in self.named.items():
                 param.copy_(saved[name])
         self.optimizer.load_state_dict(state["optimizer"])
+        if vocab is not None and counts is not None:  # saved without a draft vocabulary: it counts from here
+            vocab.counts.copy_(counts)
 
     def save_hf(self, path: str | Path) -> Path:
         """The draft as an HF causal LM directory at ``path`` (written beside it, then renamed into place):

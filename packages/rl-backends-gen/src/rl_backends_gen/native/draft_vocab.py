@@ -13,8 +13,9 @@ target draws it as a plain step would).
 Which N: the tokens counted most often in the prompts and completions of this engine's generate calls so
 far (ties: the lower id; with nothing counted yet the first N ids, which in a BPE vocabulary are its
 earliest, most frequent merges). Refreshed at the start of each call, which also re-reads the head's
-rows, so a refit of the policy reaches the draft vocabulary too. The counts live with the engine; a
-resumed run starts counting again from its first call.
+rows, so a refit of the policy reaches the draft vocabulary too. The counts live with the engine; with
+``train_draft`` a training checkpoint keeps them (``DraftTrainer.state_dict``), so a resumed run goes on
+with the same tokens; otherwise a new engine counts from its first call.
 """
 
 from __future__ import annotations
