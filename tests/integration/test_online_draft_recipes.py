@@ -42,11 +42,16 @@ def test_grpo_smoke_with_an_online_draft_logs_its_metrics(tmp_path):
 
 
 def test_on_policy_distillation_trains_the_draft_too(tmp_path):
+    """... with a draft vocabulary (64 of the tiny model's 512 tokens): its coverage is logged too."""
     os.environ.setdefault("RL_CACHE_DIR", str(tmp_path / "rl-cache"))
     code = main(["distill", "--config", recipe_path("distill_tiny.yaml"), f"output_dir={tmp_path / 'run'}",
-                 "distill.max_steps=2", "distill.val_every=2", "checkpointing.save_at_end=false", *ONLINE_DRAFT])
+                 "distill.max_steps=2", "distill.val_every=2", "checkpointing.save_at_end=false", *ONLINE_DRAFT,
+                 "generation.speculative.draft_vocab_size=64"])
     assert code == 0
-    assert_draft_metrics(read_jsonl_metrics(tmp_path / "run" / "metrics.jsonl"), [1, 2])
+    records = read_jsonl_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert_draft_metrics(records, [1, 2])
+    coverage = [r["train/speculative/draft_vocab_coverage"] for r in records if "train/draft/distill_loss" in r]
+    assert len(coverage) == 2 and all(0 < c <= 1 for c in coverage)
 
 
 DRAFT_KEYS = ("train/draft/distill_loss", "train/draft/distill_loss_last", "train/draft/tokens",
