@@ -13,6 +13,7 @@ import pytest
 from rl_apps import run_setup
 
 SFT = ("sft", "--config", "sft_tiny")
+DRAFT = ("generation.speculative.method=draft",)
 GRPO = ("grpo", "--config", "grpo_smoke_tiny")
 CASES = {
     # name: (argv, the key the error line names); {tmp} is the test's directory, {out} the output_dir
@@ -32,6 +33,15 @@ CASES = {
     "output_dir below a file": ((*SFT, "output_dir={tmp}/a_file/run"), "output_dir"),
     "output_dir not writable": ((*SFT, "output_dir={tmp}/read_only/run"), "output_dir"),
     "output_dir under /proc": ((*SFT, "output_dir=/proc/rl-run"), "output_dir"),
+    "draft with the policy's layers": ((*GRPO, *DRAFT, "generation.speculative.draft_model=policy_layers:2"),
+                                       "generation.speculative.draft_model: policy_layers:2: the policy"),
+    "draft from a missing path": ((*GRPO, *DRAFT, "generation.speculative.draft_model={tmp}/no_draft"),
+                                  "generation.speculative.draft_model"),
+    "draft from a directory without config.json": ((*GRPO, *DRAFT, "generation.speculative.draft_model={tmp}"),
+                                                   "no config.json"),
+    "draft vocabulary as large as the policy's": ((*GRPO, *DRAFT, "generation.speculative.draft_model=policy_layers:1",
+                                                   "generation.speculative.draft_vocab_size=512"),
+                                                  "generation.speculative.draft_vocab_size: 512"),
 }
 
 

@@ -243,6 +243,26 @@ def test_draft_with_another_vocabulary_is_refused(tiny_model_dir, tmp_path):
                      speculative=SpeculativeConfig(method="draft", draft_model="policy_layers:2"))
 
 
+def test_a_draft_that_cannot_fit_the_policy_is_a_config_error_before_any_engine(tiny_model_dir, tmp_path):
+    """check_draft (run by the CLI before a run writes anything): every key named, from the configs alone."""
+    from rl_backends_gen import check_draft
+    from rl_core.config import ConfigError
+    from rl_core.models import save_tiny_model
+
+    other = save_tiny_model(tmp_path / "other", family="llama", vocab_size=300)
+    cases = {"policy_layers:2": "the policy (", str(other): "its vocabulary has 300 tokens, the policy's 512",
+             str(tmp_path / "none"): "no such directory", str(tmp_path): "no config.json"}
+    for draft_model, message in cases.items():
+        cfg = GenerationConfig(speculative={"method": "draft", "draft_model": draft_model, "draft_vocab_size": 512})
+        with pytest.raises(ConfigError) as error:
+            check_draft(cfg, tiny_model_dir)
+        assert [p.key for p in error.value.problems] == ["generation.speculative.draft_model",
+                                                         "generation.speculative.draft_vocab_size"]
+        assert message in str(error.value.problems[0]) and "has only 512 tokens" in str(error.value.problems[1])
+    check_draft(GenerationConfig(speculative={"method": "draft", "draft_model": "policy_layers:1",
+                                              "draft_vocab_size": 511}), tiny_model_dir)  # fits: no error
+
+
 @pytest.mark.parametrize("raw,message", [
     ({"method": "eagle"}, "method"),
     ({"method": "ngram", "num_tokenz": 3}, "num_tokenz"),

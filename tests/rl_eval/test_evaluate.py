@@ -121,6 +121,11 @@ def test_run_eval_on_a_training_checkpoint_equals_hf_dir(tiny_model_dir, tmp_pat
     assert main([f"model={tmp_path / 'nope'}"]) == 2
     assert "nope" in capsys.readouterr().err
     assert main(["k_values=[3]"]) == 2
+    # a speculative draft that cannot fit the model: one line, exit 2, no report
+    assert main(base + [f"model={tiny_model_dir}", f"report_path={tmp_path / 'draft.json'}",
+                        "generation.speculative={method: draft, draft_model: 'policy_layers:2'}"]) == 2
+    assert "generation.speculative.draft_model: policy_layers:2: the policy" in capsys.readouterr().err
+    assert not (tmp_path / "draft.json").exists()
 
 
 def test_rl_apps_eval_command(tiny_model_dir, tmp_path):

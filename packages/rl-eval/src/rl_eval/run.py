@@ -16,8 +16,9 @@ from rl_eval.runner import EvalReport, evaluate
 
 def run_eval(cfg: EvalConfig, *, print_fn=print) -> list[EvalReport]:
     """Evaluate ``cfg.model`` on each of ``cfg.datasets``; returns one report per dataset."""
-    from rl_backends_gen import build_generation_backend
+    from rl_backends_gen import build_generation_backend, check_draft
     from rl_core.cluster import init_ray
+    from rl_core.config import ConfigError
     from rl_environments.registry import build_environment
 
     datasets = [(d, d.name or d.data.default_name(), d.data.build(f"datasets.{i}.data"))
@@ -29,6 +30,10 @@ def run_eval(cfg: EvalConfig, *, print_fn=print) -> list[EvalReport]:
         if hasattr(tokenizer, "encode_image_chat") and cfg.generation.backend not in ("native", "hf"):
             raise EvalError(f"{cfg.model} is a vision-language model; generation.backend={cfg.generation.backend!r} "
                             "takes text prompts only: use native (or hf)")
+        try:
+            check_draft(cfg.generation, model_dir)
+        except ConfigError as e:
+            raise EvalError(str(e)) from None
         if cfg.generation.num_replicas > 0:
             init_ray(cfg.cluster)
         backend = build_generation_backend(cfg.generation, model_dir)
