@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 
 from rl_apps import run_setup
+from rl_core.models import save_tiny_model
 
 SFT = ("sft", "--config", "sft_tiny")
 DRAFT = ("generation.speculative.method=draft",)
 GRPO = ("grpo", "--config", "grpo_smoke_tiny")
 CASES = {
-    # name: (argv, the key the error line names); {tmp} is the test's directory, {out} the output_dir
+    # name: (argv, the key the error line names); {tmp} is the test's directory, {out} the output_dir, {qwen3_5} a
+    # tiny Qwen3.5 model's directory
     "max_new_tokens beyond context": ((*GRPO, "grpo.max_new_tokens=600"), "grpo.max_new_tokens"),
     "max_total_length beyond context": ((*GRPO, "grpo.max_total_length=700"), "grpo.max_total_length"),
     "generation max_seq_len beyond context": ((*GRPO, "generation.max_seq_len=1000"), "generation.max_seq_len"),
@@ -39,6 +41,10 @@ CASES = {
                                   "generation.speculative.draft_model"),
     "draft from a directory without config.json": ((*GRPO, *DRAFT, "generation.speculative.draft_model={tmp}"),
                                                    "no config.json"),
+    "speculation on a model with recurrent layers": ((*GRPO, "model={qwen3_5}", "generation.speculative.method=ngram"),
+                                                     "generation.speculative: speculative decoding: qwen3_5_text's layer 0 is a recurrent"),
+    "record_routing on a dense model": ((*GRPO, "generation.record_routing=true"),
+                                        "generation.record_routing: generation.record_routing=true: llama has no"),
     "draft vocabulary as large as the policy's": ((*GRPO, *DRAFT, "generation.speculative.draft_model=policy_layers:1",
                                                    "generation.speculative.draft_vocab_size=512"),
                                                   "generation.speculative.draft_vocab_size: 512"),
@@ -54,7 +60,9 @@ def test_hostile_config_is_one_line_exit_2_and_writes_nothing(name, rl, tree, tm
     if os.geteuid() == 0:  # root writes anywhere: report the directory as read-only, as it is for everyone else
         access = os.access
         monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != read_only and access(path, mode, **kw))
-    argv = [arg.format(tmp=tmp_path) for arg in argv]
+    hybrid = any("{qwen3_5}" in arg for arg in argv)  # a tiny Qwen3.5: linear-attention layers
+    qwen3_5 = save_tiny_model(tmp_path / "qwen3_5", family="qwen3_5_text") if hybrid else None
+    argv = [arg.format(tmp=tmp_path, qwen3_5=qwen3_5) for arg in argv]
     if not any(arg.startswith("output_dir=") for arg in argv):
         argv.append(f"output_dir={tmp_path / 'out'}")
     before = tree(tmp_path)

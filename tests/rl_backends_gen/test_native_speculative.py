@@ -244,8 +244,8 @@ def test_draft_with_another_vocabulary_is_refused(tiny_model_dir, tmp_path):
 
 
 def test_a_draft_that_cannot_fit_the_policy_is_a_config_error_before_any_engine(tiny_model_dir, tmp_path):
-    """check_draft (run by the CLI before a run writes anything): every key named, from the configs alone."""
-    from rl_backends_gen import check_draft
+    """check_generation (run by the CLI before a run writes anything): every key named, from the configs alone."""
+    from rl_backends_gen import check_generation
     from rl_core.config import ConfigError
     from rl_core.models import save_tiny_model
 
@@ -255,11 +255,11 @@ def test_a_draft_that_cannot_fit_the_policy_is_a_config_error_before_any_engine(
     for draft_model, message in cases.items():
         cfg = GenerationConfig(speculative={"method": "draft", "draft_model": draft_model, "draft_vocab_size": 512})
         with pytest.raises(ConfigError) as error:
-            check_draft(cfg, tiny_model_dir)
+            check_generation(cfg, tiny_model_dir)
         assert [p.key for p in error.value.problems] == ["generation.speculative.draft_model",
                                                          "generation.speculative.draft_vocab_size"]
         assert message in str(error.value.problems[0]) and "has only 512 tokens" in str(error.value.problems[1])
-    check_draft(GenerationConfig(speculative={"method": "draft", "draft_model": "policy_layers:1",
+    check_generation(GenerationConfig(speculative={"method": "draft", "draft_model": "policy_layers:1",
                                               "draft_vocab_size": 511}), tiny_model_dir)  # fits: no error
 
 

@@ -41,7 +41,7 @@ from rl_apps.run_dir import (
     write_atomically,
     write_identity,
 )
-from rl_backends_gen import GenerationConfig, build_generation_backend, check_draft
+from rl_backends_gen import GenerationConfig, build_generation_backend, check_generation
 from rl_backends_train import TrainBackendConfig, build_training_backend
 from rl_checkpoint import hf_model_dir
 from rl_checkpoint.layout import POLICY_DIR
@@ -59,15 +59,15 @@ T = TypeVar("T")
 def start_run(cfg: RunConfig) -> tuple[str, Any]:
     """Check the output directory (as open_run will, so a refusal comes before the model loads; nothing
     is written); seed everything; ``(local HF directory, tokenizer)`` of ``cfg.model``, whose layers
-    ``policy.lora.target_modules`` must name (and a speculative draft fit: ``check_draft``)."""
+    ``policy.lora.target_modules`` must name (and the generation engine take: ``check_generation``)."""
     _claim(cfg, Path(cfg.output_dir).absolute(), current_invocation())
     use_process_settings(cfg.cluster)
     set_seed(cfg.seed)
     model_path, tokenizer = resolve_with_tokenizer(cfg.model)
     check_lora_targets(cfg.policy, model_path)
     generation = getattr(cfg, "generation", None)
-    if isinstance(generation, GenerationConfig):  # a speculative draft that cannot fit the policy
-        check_draft(generation, model_path)
+    if isinstance(generation, GenerationConfig):  # what the generation engine would refuse for this model
+        check_generation(generation, model_path)
     return model_path, tokenizer
 
 

@@ -6,9 +6,9 @@ clear error naming the pip extra when their package is missing.
 
 from rl_backends_gen.config import GenerationConfig, SglangConfig, VllmConfig
 from rl_backends_gen.factory import build_generation_backend, build_local_backend
-from rl_backends_gen.model_checks import check_draft
+from rl_backends_gen.model_checks import check_generation
 
 __version__ = "0.1.0"
 
 __all__ = ["GenerationConfig", "SglangConfig", "VllmConfig", "build_generation_backend", "build_local_backend",
-           "check_draft"]
+           "check_generation"]

@@ -1,10 +1,18 @@
 """Checks of a generation config against the model it will generate with, made before any engine is built
-(and before a run writes anything): what the config schema cannot know without the model's ``config.json``.
+(and before a run writes anything): what the config schema cannot know without the model.
 
-``check_draft``: a speculative draft must fit the policy: ``policy_layers:N`` below the policy's layer
-count, a draft model from a path with the policy's vocabulary, ``draft_vocab_size`` below that vocabulary.
-The engine refuses the same when it builds the draft; found here, the mistake is one line and exit 2
-instead of a traceback after the run directory was created.
+``check_generation(cfg, model_path)`` raises one ConfigError naming every key the model cannot take:
+
+* a speculative draft must fit the policy: ``policy_layers:N`` below the policy's layer count, a draft
+  model from a path with the policy's vocabulary, ``draft_vocab_size`` below that vocabulary;
+* the native engine must run the model's layers (``generation.backend``), speculate on them (no recurrent
+  layers: ``generation.speculative``), train a draft on them (softmax attention only:
+  ``speculative.train_draft``) and find routers to record (``generation.record_routing``).
+
+The native checks build the model on the meta device (no weights read, nothing allocated) and ask the
+engine's own functions (``build_layer_caches``, ``refuse_recurrent``, ``refuse_untrainable``,
+``routers_to_record``), so the messages are the engine's. The engine refuses the same when it is built;
+found here, a mistake is one line and exit 2 instead of a traceback after the run directory was created.
 """
 
 from __future__ import annotations
@@ -14,14 +22,20 @@ from pathlib import Path
 from rl_backends_gen.config import GenerationConfig
 from rl_core.config import ConfigError, ConfigProblem
 
-KEY = "generation.speculative"
+
+def check_generation(cfg: GenerationConfig, model_path: str) -> None:
+    """ConfigError naming each ``generation`` key that the model at ``model_path`` cannot take."""
+    problems = _draft_problems(cfg, model_path)
+    if cfg.backend == "native":
+        problems += _native_problems(cfg, model_path)
+    if problems:
+        raise ConfigError(problems)
 
 
-def check_draft(cfg: GenerationConfig, model_path: str) -> None:
-    """ConfigError naming each ``generation.speculative`` key that the model at ``model_path`` cannot take."""
+def _draft_problems(cfg: GenerationConfig, model_path: str) -> list[ConfigProblem]:
     spec = cfg.speculative
     if spec is None or spec.method != "draft":
-        return
+        return []
     from transformers import AutoConfig
 
     policy = AutoConfig.from_pretrained(model_path).get_text_config()
@@ -29,20 +43,22 @@ def check_draft(cfg: GenerationConfig, model_path: str) -> None:
     problems = []
     if spec.policy_layers is not None:
         if spec.policy_layers >= policy.num_hidden_layers:
-            problems.append(_problem("draft_model", f"policy_layers:{spec.policy_layers}: the policy ({model_path}) has "
-                                     f"only {policy.num_hidden_layers} decoder layers; a draft needs fewer"))
+            problems.append(_problem("speculative.draft_model", f"policy_layers:{spec.policy_layers}: the policy "
+                                     f"({model_path}) has only {policy.num_hidden_layers} decoder layers; a draft "
+                                     "needs fewer"))
     else:
         draft_vocab, why = _vocab_of(spec.draft_model)
         if why is not None:
-            problems.append(_problem("draft_model", why))
+            problems.append(_problem("speculative.draft_model", why))
         elif draft_vocab != vocab:
-            problems.append(_problem("draft_model", f"{spec.draft_model}: its vocabulary has {draft_vocab} tokens, the "
-                                     f"policy's {vocab}; the draft must share the policy's tokenizer"))
+            problems.append(_problem("speculative.draft_model", f"{spec.draft_model}: its vocabulary has "
+                                     f"{draft_vocab} tokens, the policy's {vocab}; the draft must share the policy's "
+                                     "tokenizer"))
     if spec.draft_vocab_size is not None and spec.draft_vocab_size >= vocab:
-        problems.append(_problem("draft_vocab_size", f"{spec.draft_vocab_size}: the policy's vocabulary has only {vocab} "
-                                 "tokens; set it below that, or remove it to score the whole vocabulary"))
-    if problems:
-        raise ConfigError(problems)
+        problems.append(_problem("speculative.draft_vocab_size", f"{spec.draft_vocab_size}: the policy's vocabulary "
+                                 f"has only {vocab} tokens; set it below that, or remove it to score the whole "
+                                 "vocabulary"))
+    return problems
 
 
 def _vocab_of(draft_model: str) -> tuple[int | None, str | None]:
@@ -62,5 +78,54 @@ def _vocab_of(draft_model: str) -> tuple[int | None, str | None]:
         return None, f"{draft_model}: cannot read its config ({first}); give an HF model directory or policy_layers:N"
 
 
+def _native_problems(cfg: GenerationConfig, model_path: str) -> list[ConfigProblem]:
+    """What the native engine would refuse when built for ``cfg`` on the model at ``model_path``."""
+    import torch
+
+    from rl_backends_gen.native.draft_training import refuse_untrainable
+    from rl_backends_gen.native.layers import build_layer_caches
+    from rl_backends_gen.native.proposers import refuse_recurrent
+    from rl_backends_gen.native.routing import routers_to_record
+
+    model = _meta_model(model_path)
+    try:
+        layers = build_layer_caches(model, 1, 1, torch.float32, torch.device("meta"))
+    except NotImplementedError as e:
+        return [_problem("backend", f"native: {e}")]
+    problems = []
+    spec = cfg.speculative
+    if spec is not None:  # train_draft's refusal only where speculation itself is possible
+        problem = _refusal("speculative", lambda: refuse_recurrent(layers, model.config.get_text_config().model_type))
+        if problem is None and spec.train_draft:
+            problem = _refusal("speculative.train_draft", lambda: refuse_untrainable(layers, "the policy"))
+        problems += [problem] if problem is not None else []
+    if cfg.record_routing:
+        problem = _refusal("record_routing", lambda: routers_to_record(model))
+        problems += [problem] if problem is not None else []
+    return problems
+
+
+def _refusal(key: str, check) -> ConfigProblem | None:
+    """The problem at ``generation.<key>`` when ``check()`` refuses, else None."""
+    try:
+        check()
+    except (NotImplementedError, ValueError) as e:
+        return _problem(key, str(e))
+    return None
+
+
+def _meta_model(model_path: str):
+    """The model at ``model_path`` as the engine loads it (a causal LM or a vision-language model), on the
+    meta device: its modules and shapes, no weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from rl_backends_gen.native.vision import is_vision_language_model
+
+    model_class = AutoModelForImageTextToText if is_vision_language_model(model_path) else AutoModelForCausalLM
+    with torch.device("meta"):
+        return model_class.from_config(AutoConfig.from_pretrained(model_path))
+
+
 def _problem(key: str, message: str) -> ConfigProblem:
-    return ConfigProblem("config", f"{KEY}.{key}", message)
+    return ConfigProblem("config", f"generation.{key}", message)

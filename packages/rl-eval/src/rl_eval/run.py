@@ -16,7 +16,7 @@ from rl_eval.runner import EvalReport, evaluate
 
 def run_eval(cfg: EvalConfig, *, print_fn=print) -> list[EvalReport]:
     """Evaluate ``cfg.model`` on each of ``cfg.datasets``; returns one report per dataset."""
-    from rl_backends_gen import build_generation_backend, check_draft
+    from rl_backends_gen import build_generation_backend, check_generation
     from rl_core.cluster import init_ray
     from rl_core.config import ConfigError
     from rl_environments.registry import build_environment
@@ -31,7 +31,7 @@ def run_eval(cfg: EvalConfig, *, print_fn=print) -> list[EvalReport]:
             raise EvalError(f"{cfg.model} is a vision-language model; generation.backend={cfg.generation.backend!r} "
                             "takes text prompts only: use native (or hf)")
         try:
-            check_draft(cfg.generation, model_dir)
+            check_generation(cfg.generation, model_dir)
         except ConfigError as e:
             raise EvalError(str(e)) from None
         if cfg.generation.num_replicas > 0:

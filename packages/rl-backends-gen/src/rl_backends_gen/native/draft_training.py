@@ -50,13 +50,8 @@ class DraftTrainer:
     """An AdamW optimizer over the draft's own parameters and the distillation step of one training step."""
 
     def __init__(self, engine, proposer: DraftProposer, lr: float, steps: int, top_k: int):
-        for what, layers in (("the policy", engine.cache.layers), ("the draft", proposer.cache.layers)):
-            for index, layer in enumerate(layers):
-                if not isinstance(layer, AttentionKV):
-                    raise NotImplementedError(
-                        f"generation.speculative.train_draft: {what}'s layer {index} is not softmax attention "
-                        f"({type(layer).__name__}); online draft training runs full / sliding-window attention "
-                        "models only: set train_draft: false")
+        refuse_untrainable(engine.cache.layers, "the policy")
+        refuse_untrainable(proposer.cache.layers, "the draft")
         if engine.fp8_layers:
             raise ValueError("generation.speculative.train_draft trains the draft's layers in generation.dtype; "
                              "this engine holds them in fp8: remove quantization or set train_draft: false")
@@ -233,6 +228,16 @@ class DraftTrainer:
         batch, length = input_ids.shape
         positions = torch.arange(length, device=input_ids.device).expand(batch, length)
         return forward(input_ids, positions, SequenceStep(cache, length, input_ids.device))
+
+
+def refuse_untrainable(layers, what: str) -> None:
+    """NotImplementedError unless every layer cache of ``layers`` is softmax attention (what draft training runs)."""
+    for index, layer in enumerate(layers):
+        if not isinstance(layer, AttentionKV):
+            raise NotImplementedError(
+                f"generation.speculative.train_draft: {what}'s layer {index} is not softmax attention "
+                f"({type(layer).__name__}); online draft training runs full / sliding-window attention "
+                "models only: set train_draft: false")
 
 
 def owned_parameters(engine, proposer: DraftProposer) -> dict[str, torch.nn.Parameter]:

@@ -34,10 +34,7 @@ class RoutingRecorder:
     """Records the chosen experts of every forward of ``decoder`` into a ``RoutingRecord`` of ``cache``."""
 
     def __init__(self, model: nn.Module, decoder: nn.Module, cache: EngineCache, device: torch.device):
-        self.routers = moe_routers(model)
-        if not self.routers:
-            raise ValueError(f"generation.record_routing=true: {model.config.model_type} has no mixture-of-experts "
-                             "router to record; set record_routing=false for a dense model")
+        self.routers = routers_to_record(model)
         self.record = RoutingRecord(cache.max_rows, cache.max_seq_len, len(self.routers),
                                     experts_per_token(self.routers), device)
         self.record.allocate()
@@ -75,3 +72,12 @@ class RoutingRecorder:
             buffer[step.slots, :, step.start : step.start + step.width] = experts[step.row_of_slot]
         self._indices = [None] * len(self.routers)
         self._step = None
+
+
+def routers_to_record(model: nn.Module) -> list[nn.Module]:
+    """``model``'s mixture-of-experts routers; ValueError for a model without any (nothing to record)."""
+    routers = moe_routers(model)
+    if not routers:
+        raise ValueError(f"generation.record_routing=true: {model.config.model_type} has no mixture-of-experts "
+                         "router to record; set record_routing=false for a dense model")
+    return routers
