@@ -178,6 +178,14 @@ def test_unsupported_layers_are_refused_naming_family_layer_and_alternative(fami
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     with pytest.raises(NotImplementedError, match=message):
         NativeEngine(str(tmp_path))
+    # the same refusal as a config error before any engine is built (what `rl` runs before writing anything)
+    from rl_backends_gen import GenerationConfig, check_generation
+    from rl_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message) as error:
+        check_generation(GenerationConfig(), str(tmp_path))
+    assert [problem.key for problem in error.value.problems] == ["generation.backend"]
+    check_generation(GenerationConfig(backend="hf"), str(tmp_path))  # another backend: nothing to refuse
 
 
 def test_the_documented_matrix_is_the_tested_one(documented_families):

@@ -314,6 +314,25 @@ def test_recurrent_layers_are_refused(tiny_family_dir):
         NativeEngine(tiny_family_dir("qwen3_5_text"), max_batch_size=2, max_seq_len=64, speculative=NGRAM)
 
 
+def test_the_engines_refusals_are_config_errors_before_it_is_built(tiny_family_dir, tiny_model_dir):
+    """check_generation asks the engine's own refusals of a meta-device copy of the model: speculation on
+    recurrent layers, train_draft on latent attention, record_routing on a dense model; each names its key."""
+    from rl_backends_gen import check_generation
+    from rl_core.config import ConfigError
+
+    trained = {"method": "draft", "draft_model": "policy_layers:1", "train_draft": True}
+    cases = [({"speculative": {"method": "ngram"}}, "qwen3_5_text", "generation.speculative", "cannot roll back"),
+             ({"speculative": trained}, "glm4_moe_lite", "generation.speculative.train_draft", "is not softmax attention"),
+             ({"record_routing": True}, None, "generation.record_routing", "has no mixture-of-experts router")]
+    for settings, family, key, message in cases:
+        path = tiny_family_dir(family) if family else tiny_model_dir
+        with pytest.raises(ConfigError) as error:
+            check_generation(GenerationConfig(**settings), path)
+        [problem] = error.value.problems
+        assert problem.key == key and message in problem.message
+    check_generation(GenerationConfig(record_routing=True, speculative=trained), tiny_family_dir("qwen3_moe"))
+
+
 def test_draft_vocabulary_proposes_its_most_frequent_tokens_only_and_keeps_the_output(tiny_model_dir, plain, prompts):
     """draft_vocab_size=64 of 512: the draft proposes from the 64 tokens counted most in the engine's prompts
     and completions so far (ties: the lower id), re-picked at each call from the head as it is then; the
