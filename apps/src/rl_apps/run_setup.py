@@ -42,7 +42,7 @@ from rl_apps.run_dir import (
     write_identity,
 )
 from rl_backends_gen import GenerationConfig, build_generation_backend, check_generation
-from rl_backends_train import TrainBackendConfig, build_training_backend
+from rl_backends_train import TrainBackendConfig, build_training_backend, check_training
 from rl_checkpoint import hf_model_dir
 from rl_checkpoint.layout import POLICY_DIR
 from rl_core.cluster import ClusterConfig, init_ray, malloc
@@ -65,6 +65,7 @@ def start_run(cfg: RunConfig) -> tuple[str, Any]:
     set_seed(cfg.seed)
     model_path, tokenizer = resolve_with_tokenizer(cfg.model)
     check_lora_targets(cfg.policy, model_path)
+    check_training(cfg.policy, model_path)  # what the training backend would refuse for this model
     generation = getattr(cfg, "generation", None)
     if isinstance(generation, GenerationConfig):  # what the generation engine would refuse for this model
         check_generation(generation, model_path)

@@ -83,19 +83,14 @@ def run(cfg: SFTRunConfig) -> int:
 
 def chat_loader(cfg: SFTRunConfig, model_path: str, tokenizer) -> Callable[[str], Loaded]:
     """The loader of one data file: chats with images through the processor for a vision-language model
-    (after checking that the policy's backend can train it), text chats otherwise. Raises ConfigError."""
+    (``start_run`` checked that the policy's backend can train it), text chats otherwise. Raises ConfigError."""
     if not is_vision_language_model(model_path):
         if isinstance(cfg.synthetic_data, ShapesSFTDataConfig):
             raise ConfigError(ConfigProblem("config", "synthetic_data.kind", f"'shapes' writes image chats, but "
                                             f"model {cfg.model!r} is a text-only model; use a vision-language model "
                                             "(e.g. tiny-qwen2_5_vl-s) or drop synthetic_data.kind"))
         return lambda path: load_chat_dataset(path, cfg.data, tokenizer)
-    from rl_backends_train.vision import check_vision_support
     from rl_core.models.processor import load_processor
 
-    try:
-        check_vision_support(cfg.policy, model_path)
-    except ValueError as e:
-        raise ConfigError(ConfigProblem("config", "policy", str(e))) from None
-    processor = load_processor(model_path)
+    processor = load_processor(model_path)  # start_run checked that the policy's backend can train it
     return lambda path: load_image_chat_dataset(path, cfg.data, processor)

@@ -1,6 +1,6 @@
 """Training backends: PyTorch DTensor (FSDP2 + tensor parallel) and Megatron-core, as Ray worker groups."""
 
-from rl_backends_train.build import build_training_backend
+from rl_backends_train.build import build_training_backend, check_training
 from rl_backends_train.config import (
     DynamicBatchingConfig,
     LoRAConfig,
@@ -22,4 +22,5 @@ __all__ = [
     "SchedulerConfig",
     "TrainBackendConfig",
     "build_training_backend",
+    "check_training",
 ]
