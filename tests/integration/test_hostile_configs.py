@@ -47,6 +47,8 @@ CASES = {
                                               "policy: packing.enabled=true is not supported for qwen3_5_text"),
     "megatron on a family it does not build": ((*SFT, "model={qwen3_5}", "policy.backend=megatron"),
                                                "policy: qwen3_5_text: its gated delta-net"),
+    "sglang on the cpu": ((*GRPO, "generation.backend=sglang"),
+                          "generation.backend: generation.backend=sglang needs generation.device=cuda"),
     "record_routing on a dense model": ((*GRPO, "generation.record_routing=true"),
                                         "generation.record_routing: generation.record_routing=true: llama has no"),
     "draft vocabulary as large as the policy's": ((*GRPO, *DRAFT, "generation.speculative.draft_model=policy_layers:1",

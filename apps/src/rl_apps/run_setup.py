@@ -68,7 +68,7 @@ def start_run(cfg: RunConfig) -> tuple[str, Any]:
     check_training(cfg.policy, model_path)  # what the training backend would refuse for this model
     generation = getattr(cfg, "generation", None)
     if isinstance(generation, GenerationConfig):  # what the generation engine would refuse for this model
-        check_generation(generation, model_path)
+        check_generation(generation, model_path, refit=True)
     return model_path, tokenizer
 
 
@@ -296,18 +296,3 @@ def logits_width(model_path: str) -> int:
 def stop_tokens(tokenizer) -> tuple[int, ...]:
     """The token ids that end a model turn (the tokenizer's EOS)."""
     return tuple(t for t in [tokenizer.eos_token_id] if t is not None)
-
-
-def check_refit_target(generation_backend: str, model_path: str) -> None:
-    """ConfigError on ``generation.backend`` when the trained weights of ``model_path`` cannot be refitted into
-    that backend (vLLM and a mixture-of-experts family it cannot refit:
-    ``rl_backends_gen.vllm_args.moe_refit_refusal``), before anything is written rather than at the first refit."""
-    if generation_backend != "vllm":
-        return
-    from transformers import AutoConfig
-
-    from rl_backends_gen.vllm_args import moe_refit_refusal
-
-    refusal = moe_refit_refusal(AutoConfig.from_pretrained(model_path))
-    if refusal is not None:
-        raise ConfigError(ConfigProblem("config", "generation.backend", refusal))

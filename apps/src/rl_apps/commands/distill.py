@@ -15,7 +15,6 @@ from rl_apps import recipe_path
 from rl_apps.run_config import TeacherRunConfig
 from rl_apps.run_setup import (
     check_fits_context,
-    check_refit_target,
     items,
     load_splits,
     logits_width,
@@ -68,7 +67,6 @@ def run(cfg: DistillRunConfig) -> int:
     student_path, tokenizer = start_run(cfg)
     teacher_path, teacher_tokenizer = resolve_with_tokenizer(cfg.teacher.model)
     vocab_size = checked_vocab_size(cfg, student_path, tokenizer, teacher_path, teacher_tokenizer)
-    check_refit_target(cfg.generation.backend, student_path)
     train, val = load_splits(cfg, lambda path: load_prompt_dataset(path, cfg.data, tokenizer))
     with open_run(cfg) as run:
         student = run.backend(cfg.policy.model_copy(update={"reference_model": False}), student_path)

@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from rl_algorithms.grpo import GRPOConfig, LossConfig, grpo_train, prompt_length_check
 from rl_apps import recipe_path
 from rl_apps.run_config import RunConfig
-from rl_apps.run_setup import check_fits_context, check_refit_target, open_run, report_loaded, start_run
+from rl_apps.run_setup import check_fits_context, open_run, report_loaded, start_run
 from rl_apps.validation import make_validate_fn
 from rl_apps.vision_setup import image_chat_tokenizer
 from rl_backends_gen import GenerationConfig, build_generation_backend
@@ -94,7 +94,6 @@ def run(cfg: GRPORunConfig) -> int:
     # A vision-language model's prompts hold images: its processor renders them (docs/vlm.md).
     tokenizer = image_chat_tokenizer(model_path, tokenizer, generation_backend=cfg.generation.backend,
                                      policy=cfg.policy)
-    check_refit_target(cfg.generation.backend, model_path)
     check_fits_context(model_path, {"grpo.max_new_tokens": cfg.grpo.max_new_tokens,
                                     "grpo.max_total_length": cfg.grpo.max_total_length,
                                     "generation.max_seq_len": cfg.generation.max_seq_len})

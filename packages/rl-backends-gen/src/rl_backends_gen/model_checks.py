@@ -1,8 +1,12 @@
 """Checks of a generation config against the model it will generate with, made before any engine is built
 (and before a run writes anything): what the config schema cannot know without the model.
 
-``check_generation(cfg, model_path)`` raises one ConfigError naming every key the model cannot take:
+``check_generation(cfg, model_path, refit)`` raises one ConfigError naming every key the model (and this
+installation) cannot take:
 
+* the backend must be installed (vLLM, SGLang: their pip extras), SGLang needs ``device: cuda``, and a
+  training run's vLLM must be able to take the trainer's weights (``refit``: a mixture-of-experts family
+  whose expert names are translated, ``vllm_args.moe_refit_refusal``);
 * a speculative draft must fit the policy: ``policy_layers:N`` below the policy's layer count, a draft
   model from a path with the policy's vocabulary, ``draft_vocab_size`` below that vocabulary;
 * the native engine must run the model's layers (``generation.backend``), speculate on them (no recurrent
@@ -23,13 +27,36 @@ from rl_backends_gen.config import GenerationConfig
 from rl_core.config import ConfigError, ConfigProblem
 
 
-def check_generation(cfg: GenerationConfig, model_path: str) -> None:
-    """ConfigError naming each ``generation`` key that the model at ``model_path`` cannot take."""
-    problems = _draft_problems(cfg, model_path)
+def check_generation(cfg: GenerationConfig, model_path: str, refit: bool = False) -> None:
+    """ConfigError naming each ``generation`` key that the model at ``model_path`` cannot take; ``refit``: the
+    caller trains, so the backend will take the trainer's weights."""
+    problems = _backend_problems(cfg, model_path, refit) + _draft_problems(cfg, model_path)
     if cfg.backend == "native":
         problems += _native_problems(cfg, model_path)
     if problems:
         raise ConfigError(problems)
+
+
+def _backend_problems(cfg: GenerationConfig, model_path: str, refit: bool) -> list[ConfigProblem]:
+    """The vLLM / SGLang backend: installed here, on a device it runs on, able to take refitted weights."""
+    import importlib.util
+
+    why = None
+    if cfg.backend == "vllm":
+        from rl_backends_gen.vllm_args import moe_refit_refusal
+        from rl_backends_gen.vllm_backend import INSTALL_HINT
+
+        if refit:  # the model first: no installation makes it refittable
+            from transformers import AutoConfig
+
+            why = moe_refit_refusal(AutoConfig.from_pretrained(model_path))
+        if why is None and importlib.util.find_spec("vllm") is None:
+            why = INSTALL_HINT
+    elif cfg.backend == "sglang":
+        from rl_backends_gen.sglang_backend import INSTALL_HINT, device_refusal
+
+        why = device_refusal(cfg) or (INSTALL_HINT if importlib.util.find_spec("sglang") is None else None)
+    return [] if why is None else [_problem("backend", why)]
 
 
 def _draft_problems(cfg: GenerationConfig, model_path: str) -> list[ConfigProblem]:

@@ -41,6 +41,13 @@ def _import_sglang():
     return sglang
 
 
+def device_refusal(cfg: GenerationConfig) -> str | None:
+    """Why ``cfg`` cannot run SGLang (it is CUDA-only), or None."""
+    if cfg.device != "cuda":
+        return "generation.backend=sglang needs generation.device=cuda (SGLang is CUDA-only)"
+    return None
+
+
 SEED_MODULUS = 2**63  # SGLang refuses a sampling_seed outside int64
 
 
@@ -113,8 +120,9 @@ class SglangBackend:
 
     @classmethod
     def from_config(cls, cfg: GenerationConfig, model_path: str) -> SglangBackend:
-        if cfg.device != "cuda":
-            raise ValueError("generation.backend=sglang needs generation.device=cuda (SGLang is CUDA-only)")
+        why = device_refusal(cfg)
+        if why is not None:
+            raise ValueError(why)
         return cls(model_path, cfg)
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:
