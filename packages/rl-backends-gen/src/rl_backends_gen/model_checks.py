@@ -4,6 +4,7 @@
 ``check_generation(cfg, model_path, refit)`` raises one ConfigError naming every key the model (and this
 installation) cannot take:
 
+* an engine in this process (``num_replicas: 0``) on ``device: cuda`` needs a CUDA device here;
 * the backend must be installed (vLLM, SGLang: their pip extras), SGLang needs ``device: cuda``, and a
   training run's vLLM must be able to take the trainer's weights (``refit``: a mixture-of-experts family
   whose expert names are translated, ``vllm_args.moe_refit_refusal``);
@@ -30,11 +31,24 @@ from rl_core.config import ConfigError, ConfigProblem
 def check_generation(cfg: GenerationConfig, model_path: str, refit: bool = False) -> None:
     """ConfigError naming each ``generation`` key that the model at ``model_path`` cannot take; ``refit``: the
     caller trains, so the backend will take the trainer's weights."""
-    problems = _backend_problems(cfg, model_path, refit) + _draft_problems(cfg, model_path)
+    problems = _device_problems(cfg) + _backend_problems(cfg, model_path, refit) + _draft_problems(cfg, model_path)
     if cfg.backend == "native":
         problems += _native_problems(cfg, model_path)
     if problems:
         raise ConfigError(problems)
+
+
+def _device_problems(cfg: GenerationConfig) -> list[ConfigProblem]:
+    """An in-process engine (not Ray replicas, which Ray places on GPU nodes; not Megatron's, on the training
+    workers) on CUDA needs a CUDA device in this process."""
+    import torch
+
+    if cfg.device != "cuda" or cfg.num_replicas > 0 or cfg.backend == "megatron" or torch.cuda.is_available():
+        return []
+    why = "torch here is built without CUDA" if not torch.backends.cuda.is_built() else "no CUDA device is visible"
+    return [_problem("device", f"cuda, but this process has no GPU ({why}; torch {torch.__version__}); set "
+                     "generation.device=cpu, run on a GPU machine, or generation.num_replicas >= 1 for engines on "
+                     "the cluster's GPU nodes")]
 
 
 def _backend_problems(cfg: GenerationConfig, model_path: str, refit: bool) -> list[ConfigProblem]:
