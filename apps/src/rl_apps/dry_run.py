@@ -43,8 +43,7 @@ def _grpo(cfg) -> None:
         build_env(cfg.val_env, "val_env")
     model_path, tokenizer = start_run(cfg)
     describe_model("model", cfg.model, model_path, tokenizer)
-    tokenizer = image_chat_tokenizer(model_path, tokenizer, generation_backend=cfg.generation.backend,
-                                     policy=cfg.policy)
+    tokenizer = image_chat_tokenizer(model_path, tokenizer)
     check = prompt_length_check(tokenizer, cfg.grpo.max_total_length)
     train = cfg.data.load("train", check=check)
     val = cfg.data.load("validation", cfg.grpo.val_num_prompts, check) if cfg.grpo.val_every > 0 else None

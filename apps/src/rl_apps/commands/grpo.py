@@ -92,8 +92,7 @@ def run(cfg: GRPORunConfig) -> int:
     val_environment = build_env(cfg.val_env, "val_env") if cfg.val_env is not None else environment
     model_path, tokenizer = start_run(cfg)
     # A vision-language model's prompts hold images: its processor renders them (docs/vlm.md).
-    tokenizer = image_chat_tokenizer(model_path, tokenizer, generation_backend=cfg.generation.backend,
-                                     policy=cfg.policy)
+    tokenizer = image_chat_tokenizer(model_path, tokenizer)
     check_fits_context(model_path, {"grpo.max_new_tokens": cfg.grpo.max_new_tokens,
                                     "grpo.max_total_length": cfg.grpo.max_total_length,
                                     "generation.max_seq_len": cfg.generation.max_seq_len})

@@ -4,6 +4,7 @@
 ``check_generation(cfg, model_path, refit)`` raises one ConfigError naming every key the model (and this
 installation) cannot take:
 
+* a vision-language model needs a backend that takes prompts with images (``IMAGE_GENERATION_BACKENDS``);
 * an engine in this process (``num_replicas: 0``) on ``device: cuda`` needs a CUDA device here;
 * the backend must be installed (vLLM, SGLang: their pip extras), SGLang needs ``device: cuda``, and a
   training run's vLLM must be able to take the trainer's weights (``refit``: a mixture-of-experts family
@@ -27,10 +28,20 @@ from pathlib import Path
 from rl_backends_gen.config import GenerationConfig
 from rl_core.config import ConfigError, ConfigProblem
 
+IMAGE_GENERATION_BACKENDS = ("native", "hf")
+"""Generation backends that take prompts with images (vLLM, SGLang and Megatron decoding take text only)."""
+
 
 def check_generation(cfg: GenerationConfig, model_path: str, refit: bool = False) -> None:
     """ConfigError naming each ``generation`` key that the model at ``model_path`` cannot take; ``refit``: the
     caller trains, so the backend will take the trainer's weights."""
+    from rl_core.models.processor import is_vision_language_model
+
+    if is_vision_language_model(model_path) and cfg.backend not in IMAGE_GENERATION_BACKENDS:
+        raise ConfigError(_problem("backend", f"{model_path} is a vision-language model; generation.backend="
+                                   f"{cfg.backend!r} takes text prompts only: use one of "
+                                   f"{list(IMAGE_GENERATION_BACKENDS)} (the native engine runs the vision tower at "
+                                   "prefill)"))
     problems = _device_problems(cfg) + _backend_problems(cfg, model_path, refit) + _draft_problems(cfg, model_path)
     if cfg.backend == "native":
         problems += _native_problems(cfg, model_path)

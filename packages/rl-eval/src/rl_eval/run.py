@@ -27,9 +27,6 @@ def run_eval(cfg: EvalConfig, *, print_fn=print) -> list[EvalReport]:
     reports = []
     with hf_model_dir(cfg.model) as model_dir:
         tokenizer = load_tokenizer(model_dir)
-        if hasattr(tokenizer, "encode_image_chat") and cfg.generation.backend not in ("native", "hf"):
-            raise EvalError(f"{cfg.model} is a vision-language model; generation.backend={cfg.generation.backend!r} "
-                            "takes text prompts only: use native (or hf)")
         try:
             check_generation(cfg.generation, model_dir)
         except ConfigError as e:
