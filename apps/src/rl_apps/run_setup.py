@@ -1,7 +1,9 @@
 """The one setup path of every training command (grpo, sft, dpo, rm, distill, xtoken-distill)::
 
     start_run(cfg)      malloc (cluster.malloc); seed; the model and its tokenizer (a name, an HF
-                        directory, or a run, checkpoint step or policy/ directory)  (nothing written)
+                        directory, or a run, checkpoint step or policy/ directory); what the policy's and
+                        the generation's backends would refuse for that model, as ConfigErrors
+                        (check_lora_targets, check_training, check_generation)   (nothing written)
     <the command checks lengths against the model's context (check_fits_context) and reads its data:
      a bad file is a DataError, exit 2>                                          (nothing written)
     open_run(cfg)       checks the output directory (a previous run there is refused unless resuming or
