@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from rl_apps import run_setup
 from rl_core.models import save_tiny_model
@@ -55,6 +56,10 @@ CASES = {
                                                    "generation.speculative.draft_vocab_size=512"),
                                                   "generation.speculative.draft_vocab_size: 512"),
 }
+
+if not torch.cuda.is_available():  # a Hopper GPU runs it
+    CASES["fp8 blockwise without a GPU"] = ((*SFT, "policy.precision.linear=fp8", "policy.precision.recipe=blockwise",
+                                            "policy.dtype=bfloat16"), "policy: policy.precision.recipe=blockwise needs")
 
 
 @pytest.mark.parametrize("name", list(CASES))
