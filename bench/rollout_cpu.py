@@ -238,6 +238,7 @@ def run(args) -> dict[str, dict]:
     print(f"# rollout-cpu  model={'tiny' if args.tiny else args.model}  dtype={args.dtype}  prompts={args.prompts} "
           f"x samples={args.samples}  max_new_tokens={args.max_new_tokens}  speculative num_tokens={args.num_tokens}  "
           f"max_batch_rows={args.max_batch_rows or 'default'}  draft={draft_name(args)}  "
+          f"{f'draft_vocab={args.draft_vocab}  ' if 'draft-vocab' in args.engines else ''}"
           f"prompts from={args.recipe or 'the dataset defaults'}  malloc={args.malloc}  torch threads={torch.get_num_threads()}  load average at start={os.getloadavg()[0]:.1f}")
     print(f"# matmul peak GFLOP/s (this run): {format_peaks(peaks)}")
     runners = build_runners(args, model_path, tokenizer, max_seq_len, stop_ids)
