@@ -90,26 +90,20 @@ def _draft_problems(cfg: GenerationConfig, model_path: str) -> list[ConfigProble
         return []
     from transformers import AutoConfig
 
+    from rl_backends_gen.native.draft_vocab import size_refusal
+    from rl_backends_gen.native.proposers import layers_refusal, vocab_refusal
+
     policy = AutoConfig.from_pretrained(model_path).get_text_config()
     vocab = policy.vocab_size
-    problems = []
     if spec.policy_layers is not None:
-        if spec.policy_layers >= policy.num_hidden_layers:
-            problems.append(_problem("speculative.draft_model", f"policy_layers:{spec.policy_layers}: the policy "
-                                     f"({model_path}) has only {policy.num_hidden_layers} decoder layers; a draft "
-                                     "needs fewer"))
+        why = layers_refusal(spec.policy_layers, policy.num_hidden_layers, f"the policy ({model_path})")
     else:
         draft_vocab, why = _vocab_of(spec.draft_model)
-        if why is not None:
-            problems.append(_problem("speculative.draft_model", why))
-        elif draft_vocab != vocab:
-            problems.append(_problem("speculative.draft_model", f"{spec.draft_model}: its vocabulary has "
-                                     f"{draft_vocab} tokens, the policy's {vocab}; the draft must share the policy's "
-                                     "tokenizer"))
-    if spec.draft_vocab_size is not None and spec.draft_vocab_size >= vocab:
-        problems.append(_problem("speculative.draft_vocab_size", f"{spec.draft_vocab_size}: the policy's vocabulary "
-                                 f"has only {vocab} tokens; set it below that, or remove it to score the whole "
-                                 "vocabulary"))
+        why = why or vocab_refusal(spec.draft_model, draft_vocab, vocab)
+    problems = [] if why is None else [_problem("speculative.draft_model", why)]
+    if spec.draft_vocab_size is not None:
+        why = size_refusal(spec.draft_vocab_size, vocab, "the policy's")
+        problems += [] if why is None else [_problem("speculative.draft_vocab_size", why)]
     return problems
 
 

@@ -33,9 +33,9 @@ class DraftVocabulary:
         if vocab is None:
             raise ValueError(f"generation.speculative.draft_vocab_size: {what}'s LM head is a "
                              f"{type(head).__name__}, not a plain Linear layer; remove draft_vocab_size")
-        if size >= vocab:
-            raise ValueError(f"generation.speculative.draft_vocab_size={size}: {what}'s vocabulary has only {vocab} "
-                             "tokens; set it below that, or remove it to score the whole vocabulary")
+        why = size_refusal(size, vocab, f"{what}'s")
+        if why is not None:
+            raise ValueError(f"generation.speculative.draft_vocab_size={why}")
         self.size, self.head = size, head
         self.counts = torch.zeros(vocab, dtype=torch.long)  # on the CPU: counted from host token lists
         self.ids = self.weight = self.bias = None
@@ -68,3 +68,11 @@ class DraftVocabulary:
         if not flat:
             return 0, 0
         return int(self.member[torch.tensor(flat, dtype=torch.long)].sum()), len(flat)
+
+
+def size_refusal(size: int, vocab: int, whose: str) -> str | None:
+    """Why a draft vocabulary of ``size`` tokens makes no sense for ``whose`` vocabulary of ``vocab``, or None."""
+    if size < vocab:
+        return None
+    return (f"{size}: {whose} vocabulary has only {vocab} tokens; set it below that, or remove it to score the whole "
+            "vocabulary")

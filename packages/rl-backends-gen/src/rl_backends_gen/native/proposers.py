@@ -243,10 +243,9 @@ def build_draft(engine, draft_model: str, policy_layers: int | None, trained: bo
         model = AutoModelForCausalLM.from_pretrained(draft_model, dtype=engine.dtype, attn_implementation=ATTENTION_NAME)
         model = model.to(engine.device).eval().requires_grad_(False)
         decoder, head = model.get_decoder(), model.get_output_embeddings()
-        if head.weight.shape[0] != engine.head.weight.shape[0]:
-            raise ValueError(f"generation.speculative.draft_model {draft_model}: its vocabulary has "
-                             f"{head.weight.shape[0]} logits, the policy's {engine.head.weight.shape[0]}; the draft "
-                             "must share the policy's tokenizer")
+        why = vocab_refusal(draft_model, head.weight.shape[0], engine.head.weight.shape[0])
+        if why is not None:
+            raise ValueError(f"generation.speculative.draft_model {why}")
         layers = build_layer_caches(model, engine.max_batch_size, engine.max_seq_len, engine.dtype, engine.device)
     refuse_recurrent(layers, "the draft model")
     cache = EngineCache(layers, engine.max_batch_size, engine.max_seq_len, engine.dtype)
@@ -264,10 +263,9 @@ def policy_layers_decoder(engine, count: int, own: bool = False) -> nn.Module:
     embeddings (the final norm) are copies the draft trains; a refit leaves them alone. The embeddings
     (and the head, ``build_draft``) stay shared: frozen in draft training, updated by refit."""
     source = engine.decoder
-    total = len(source.layers)
-    if count >= total:
-        raise ValueError(f"generation.speculative.draft_model policy_layers:{count}: the policy has only {total} "
-                         "decoder layers; a draft needs fewer")
+    why = layers_refusal(count, len(source.layers))
+    if why is not None:
+        raise ValueError(f"generation.speculative.draft_model {why}")
     config = copy.deepcopy(source.config)
     config.num_hidden_layers = count
     for key in PER_LAYER_KEYS:
@@ -287,6 +285,21 @@ def policy_layers_decoder(engine, count: int, own: bool = False) -> nn.Module:
         raise NotImplementedError(f"policy_layers draft: {config.model_type}'s decoder holds {leftover[:3]} "
                                   "outside its child modules; use a draft model path instead")
     return decoder.eval()
+
+
+def layers_refusal(count: int, total: int, policy: str = "the policy") -> str | None:
+    """Why a ``policy_layers:count`` draft cannot be cut from a policy of ``total`` decoder layers, or None."""
+    if count < total:
+        return None
+    return f"policy_layers:{count}: {policy} has only {total} decoder layers; a draft needs fewer"
+
+
+def vocab_refusal(draft_model: str, draft_vocab: int, policy_vocab: int) -> str | None:
+    """Why the draft at ``draft_model`` cannot propose for the policy (another vocabulary), or None."""
+    if draft_vocab == policy_vocab:
+        return None
+    return (f"{draft_model}: its vocabulary has {draft_vocab} tokens, the policy's {policy_vocab}; the draft must "
+            "share the policy's tokenizer")
 
 
 def refuse_recurrent(layers, what: str) -> None:
