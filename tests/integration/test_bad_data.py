@@ -51,6 +51,17 @@ def test_grpo_prompt_over_the_token_budget_names_the_key(tmp_path, capsys):
     assert "leaves no room to generate under grpo.max_total_length=96" in capsys.readouterr().err
 
 
+def test_grpo_prompt_over_the_engines_context_names_generation_max_seq_len(tmp_path, capsys):
+    """generation.max_seq_len below grpo.max_total_length is the engine's context: a prompt that fills it is a
+    bad row at load (one line, nothing written), not an engine error mid-run."""
+    train = tmp_path / "train.jsonl"
+    train.write_bytes(GOOD + b"\n")
+    assert grpo(tmp_path, f"{{kind: file, train_path: {train}}}", "grpo.val_every=0", "generation.max_seq_len=20") == 2
+    err = capsys.readouterr().err
+    assert f"{train}, line 1: the prompt is" in err and "under generation.max_seq_len=20" in err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
 def test_grpo_empty_file_bad_validation_file_and_missing_split(tmp_path, capsys):
     empty, train, val = tmp_path / "empty.jsonl", tmp_path / "train.jsonl", tmp_path / "val.jsonl"
     empty.write_bytes(b"")

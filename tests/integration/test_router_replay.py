@@ -10,9 +10,9 @@ import shutil
 import pytest
 import torch
 
+from rl_algorithms.distill import completions_to_batch
 from rl_algorithms.losses.importance_sampling import mismatch_metrics
 from rl_algorithms.rollout import episodes_to_batch, run_rollouts
-from rl_algorithms.rollout.batch import routing_tensor
 from rl_backends_gen.native import NativeEngine
 from rl_backends_train import build_training_backend
 from rl_backends_train.config import TrainBackendConfig
@@ -53,24 +53,15 @@ def test_multi_turn_rollouts_carry_the_routing_of_every_token_the_engine_ran(bf1
 
 
 def test_replay_brings_bf16_training_logprobs_closer_to_generation(bf16_engine, moe_dir, tmp_path):
-    """16 sampled completions of random prompts (~1300 token-layers routed): bfloat16 rounding flips a
-    router's top-k between generation and training on a few; replay removes those differences."""
+    """16 sampled completions of random prompts (~1300 token-layers routed), as on-policy distillation batches
+    them: bfloat16 rounding flips a router's top-k between generation and training on a few; replay removes
+    those differences."""
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, 400, (n,), generator=g).tolist() for n in (5, 11, 17, 8, 23, 9, 14, 6)]
     samples = SamplingParams(max_new_tokens=32, temperature=1.0, n=2, seed=3)
     completions = [c for group in bf16_engine.generate(prompts, samples) for c in group]
-    rows = [(p, c) for p, group in zip(prompts, [completions[i:i + 2] for i in range(0, 16, 2)]) for c in group]
-    width = max(len(p) + len(c.token_ids) for p, c in rows)
-    batch = {name: torch.zeros(len(rows), width) for name in ("input_ids", "attention_mask", "loss_mask",
-                                                                 "gen_logprobs")}
-    for row, (prompt, completion) in enumerate(rows):
-        n = len(prompt) + len(completion.token_ids)
-        batch["input_ids"][row, :n] = torch.tensor(prompt + completion.token_ids)
-        batch["attention_mask"][row, :n] = 1
-        batch["loss_mask"][row, len(prompt):n] = 1
-        batch["gen_logprobs"][row, len(prompt):n] = torch.tensor(completion.logprobs)
-    batch["input_ids"], batch["attention_mask"] = batch["input_ids"].long(), batch["attention_mask"].long()
-    batch["routed_experts"] = routing_tensor([c.routed_experts for _, c in rows], width)
+    batch = completions_to_batch(completions, pad_token_id=0)  # on-policy distillation's batch of the samples
+    assert batch["routed_experts"].shape[:2] == batch["input_ids"].shape
 
     # Same weights: where the engine's and the trainer's bfloat16 kernels differ (CPUs with avx512_bf16 / AMX),
     # rounding flips a few top-k choices and replay removes them; where they compute the router alike (e.g. an
@@ -120,3 +111,10 @@ def test_grpo_refuses_replay_without_the_engines_record(rl, tmp_path):
     [line] = result.error_lines("grpo")
     assert "policy.moe.router_replay=true replays the experts the generation engine records: set " \
            "generation.record_routing=true" in line
+
+
+def test_commands_that_generate_nothing_refuse_replay(rl, tmp_path):
+    result = rl("sft", "--config", "sft_tiny", f"output_dir={tmp_path}/run", "policy.moe.router_replay=true")
+    assert result.code == 2 and not (tmp_path / "run").exists()
+    [line] = result.error_lines("sft")
+    assert "the sft loop generates nothing: set policy.moe.router_replay=false" in line

@@ -65,3 +65,16 @@ def test_the_teacher_runs_each_prompt_once_through_the_cache(family, tiny_family
     assert got.shape == want.shape == (int(scored.sum()), want.shape[-1])
     assert (got - want).abs().max().item() <= 1e-5
     assert torch.equal(asleep, want)
+
+
+def test_the_teachers_whole_sequence_forward_runs_beside_a_routing_record(tiny_family_dir):
+    """``record_routing`` with an online draft: the teacher's cache-less forward (``SequenceStep``, as when the
+    engine sleeps or a row outgrows the cache) records nothing and gives the same hidden states."""
+    path = tiny_family_dir("qwen3_moe")
+    input_ids = torch.randint(5, 500, (2, 12), generator=torch.Generator().manual_seed(0))
+    hidden = []
+    for record_routing in (False, True):
+        engine = NativeEngine(path, max_batch_size=2, max_seq_len=64, speculative=TRAINED, record_routing=record_routing)
+        with torch.no_grad():
+            hidden.append(engine.speculative.trainer._hidden(engine._forward, engine.cache, input_ids))
+    assert torch.equal(hidden[0], hidden[1])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -263,11 +264,48 @@ def test_a_draft_that_cannot_fit_the_policy_is_a_config_error_before_any_engine(
                                               "draft_vocab_size": 511}), tiny_model_dir)  # fits: no error
 
 
+def test_a_draft_directory_the_engine_cannot_use_is_a_config_error(tiny_model_dir, tiny_family_dir, tiny_vlm_dir,
+                                                                  tmp_path):
+    """Beyond the vocabulary: a bare name (nothing is downloaded), a directory without weights, a draft whose
+    layers the engine cannot speculate on or train, draft_top_k past the vocabulary, and speculation on a
+    vision-language model: each one problem naming its key, from check_generation (before any engine)."""
+    import shutil
+
+    from rl_backends_gen import check_generation
+    from rl_core.config import ConfigError
+
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    shutil.copy(Path(tiny_model_dir) / "config.json", no_weights)
+    trained = {"train_draft": True, "draft_top_k": 64}
+    cases = [({"draft_model": "some-draft"}, tiny_model_dir, "speculative.draft_model", "no such directory"),
+             ({"draft_model": str(no_weights)}, tiny_model_dir, "speculative.draft_model", "holds no weights"),
+             ({"draft_model": tiny_family_dir("qwen3_5_text")}, tiny_model_dir, "speculative.draft_model",
+              "is a recurrent layer"),
+             ({"draft_model": tiny_family_dir("glm4_moe_lite"), **trained}, tiny_model_dir,
+              "speculative.train_draft", "the draft (" + tiny_family_dir("glm4_moe_lite")),
+             ({"draft_model": "policy_layers:1", "train_draft": True, "draft_top_k": 513}, tiny_model_dir,
+              "speculative.draft_top_k", "set draft_top_k <= 512"),
+             ({"draft_model": "policy_layers:1"}, tiny_vlm_dir("qwen2_5_vl"), "speculative",
+              "is a vision-language model")]
+    for settings, policy, key, message in cases:
+        with pytest.raises(ConfigError) as error:
+            check_generation(GenerationConfig(speculative={"method": "draft", **settings}), policy)
+        [problem] = error.value.problems
+        assert problem.key == f"generation.{key}" and message in problem.message, (settings, problem)
+    check_generation(GenerationConfig(speculative={"method": "draft", "draft_model": tiny_family_dir("qwen3"),
+                                                   **trained}), tiny_model_dir)  # a trainable draft: no error
+    with pytest.raises(ValueError, match="draft_top_k 513: the policy's vocabulary has 512 tokens"):
+        NativeEngine(tiny_model_dir, max_batch_size=2, max_seq_len=64, speculative=SpeculativeConfig(
+            method="draft", draft_model="policy_layers:1", train_draft=True, draft_top_k=513))
+
+
 @pytest.mark.parametrize("raw,message", [
     ({"method": "eagle"}, "method"),
     ({"method": "ngram", "num_tokenz": 3}, "num_tokenz"),
     ({"method": "ngram", "ngram": {"min_n": 4, "max_n": 2}}, "must not exceed"),
     ({"method": "draft", "draft_model": "policy_layers:x"}, "policy_layers:N"),
+    ({"method": "draft", "draft_model": "policy_layers:\u00b2"}, "policy_layers:N"),
     ({"method": "draft", "num_tokens": 0}, "num_tokens"),
     ({"method": "ngram", "draft_vocab_size": 8}, "draft_vocab_size sizes a draft model's head"),
     ({"method": "draft", "draft_vocab_size": 0}, "draft_vocab_size"),

@@ -69,6 +69,25 @@ def test_recorded_experts_are_those_of_a_plain_forward(family, tiny_family_dir, 
             assert torch.equal(record.long().sort(-1).values, routing(tokens)), family
 
 
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_speculative_verify_steps_record_the_experts_of_a_plain_forward(family, tiny_family_dir, tiny_prompts):
+    """n-gram speculation verifies several tokens per row in one forward and rolls back rejected ones: the
+    record still holds, for every token, the experts HF's forward over the final tokens chooses."""
+    from rl_backends_gen.config import SpeculativeConfig
+
+    path = tiny_family_dir(family)
+    spec = SpeculativeConfig(method="ngram", num_tokens=3, ngram={"min_n": 1, "max_n": 3}, max_batch_rows=4096)
+    engine = NativeEngine(path, max_batch_size=3, max_seq_len=128, record_routing=True, speculative=spec)
+    prompts = tiny_prompts[:4]
+    results = engine.generate(prompts, SamplingParams(max_new_tokens=24, temperature=0.0))
+    stats = engine.speculative.last_call
+    assert stats.verify_steps > 0 and 0 < stats.accepted_tokens < stats.proposed_tokens  # accepted and rolled back
+    routing = hf_routing(path)
+    for prompt, [completion] in zip(prompts, results):
+        tokens = prompt + completion.token_ids[:-1]
+        assert torch.equal(completion.routed_experts.long().sort(-1).values, routing(tokens)), family
+
+
 def test_without_record_routing_completions_carry_nothing(tiny_family_dir, tiny_prompts):
     engine = NativeEngine(tiny_family_dir("qwen3_moe"), max_batch_size=4, max_seq_len=128)
     assert engine.generate(tiny_prompts[:1], SAMPLED)[0][0].routed_experts is None

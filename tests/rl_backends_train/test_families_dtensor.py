@@ -84,10 +84,13 @@ def test_tensor_parallel_2_from_the_hf_plan_equals_1(family, ray_session, tp_dir
 
 @pytest.mark.parametrize("family", sorted(set(FAMILIES) - TENSOR_PARALLEL))
 def test_tensor_parallel_is_refused_without_a_translatable_plan(family, tiny_tokenizer):
+    from rl_checkpoint.megatron_mapping import MAPPED_FAMILIES
     from rl_core.models import tiny_model_config
 
-    with pytest.raises(ValueError, match=rf"tensor parallel: {family}.*set tensor_parallel_size=1"):
+    with pytest.raises(ValueError, match=rf"tensor parallel: {family}.*set tensor_parallel_size=1") as error:
         tensor_parallel_layer_plan(tiny_model_config(tiny_tokenizer, family))
+    # the Megatron backend is suggested only for the families it builds
+    assert ("backend=megatron" in str(error.value)) == (family in MAPPED_FAMILIES)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

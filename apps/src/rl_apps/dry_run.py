@@ -44,7 +44,7 @@ def _grpo(cfg) -> None:
     model_path, tokenizer = start_run(cfg)
     describe_model("model", cfg.model, model_path, tokenizer)
     tokenizer = image_chat_tokenizer(model_path, tokenizer)
-    check = prompt_length_check(tokenizer, cfg.grpo.max_total_length)
+    check = prompt_length_check(tokenizer, cfg.grpo.max_total_length, cfg.generation.max_seq_len)
     train = cfg.data.load("train", check=check)
     val = cfg.data.load("validation", cfg.grpo.val_num_prompts, check) if cfg.grpo.val_every > 0 else None
     describe_splits(train, val, synthetic=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rl_algorithms.checkpointing import CheckpointConfig
 from rl_algorithms.data import SyntheticDataConfig, write_synthetic_dataset
@@ -43,6 +43,20 @@ class RunConfig(StrictModel):
     export_hf: bool = True
     """Write the final model as an HF directory to ``<output_dir>/hf`` (LoRA: merged, plus ``adapter/``; a speculative
     draft trained online: ``draft/``)."""
+
+    @model_validator(mode="after")
+    def _router_replay_has_a_record(self) -> RunConfig:
+        """policy.moe.router_replay replays what the run's own generation engine recorded."""
+        if not self.policy.moe.router_replay:
+            return self
+        generation = getattr(self, "generation", None)
+        if generation is None:
+            raise ValueError(f"policy.moe.router_replay=true replays the experts a generation engine recorded, and the "
+                             f"{self.LOOP_SECTION} loop generates nothing: set policy.moe.router_replay=false")
+        if not generation.record_routing:
+            raise ValueError("policy.moe.router_replay=true replays the experts the generation engine records: set "
+                             "generation.record_routing=true (backend=native)")
+        return self
 
     @property
     def loop(self) -> LoopConfig:

@@ -59,13 +59,6 @@ class GRPORunConfig(RunConfig):
         return self
 
     @model_validator(mode="after")
-    def _router_replay_has_a_record(self) -> GRPORunConfig:
-        if self.policy.moe.router_replay and not self.generation.record_routing:
-            raise ValueError("policy.moe.router_replay=true replays the experts the generation engine records: set "
-                             "generation.record_routing=true (backend=native)")
-        return self
-
-    @model_validator(mode="after")
     def _validation_split_exists(self) -> GRPORunConfig:
         if self.grpo.val_every > 0 and not self.data.has_split("validation"):
             raise ValueError("grpo.val_every > 0 needs held-out prompts: set data.validation_path "
@@ -96,7 +89,7 @@ def run(cfg: GRPORunConfig) -> int:
     check_fits_context(model_path, {"grpo.max_new_tokens": cfg.grpo.max_new_tokens,
                                     "grpo.max_total_length": cfg.grpo.max_total_length,
                                     "generation.max_seq_len": cfg.generation.max_seq_len})
-    check = prompt_length_check(tokenizer, cfg.grpo.max_total_length)
+    check = prompt_length_check(tokenizer, cfg.grpo.max_total_length, cfg.generation.max_seq_len)
     train = cfg.data.load("train", check=check)
     val = cfg.data.load("validation", cfg.grpo.val_num_prompts, check) if cfg.grpo.val_every > 0 else None
     test = cfg.data.load("test", cfg.grpo.test_num_prompts, check) if cfg.grpo.test_at_end else None

@@ -112,7 +112,7 @@ class SpeculativeConfig(StrictModel):
     def _check_method(self) -> SpeculativeConfig:
         if self.draft_model.startswith(POLICY_LAYERS):
             count = self.draft_model[len(POLICY_LAYERS):]
-            if not count.isdigit() or int(count) < 1:
+            if not (count.isascii() and count.isdigit()) or int(count) < 1:
                 raise ValueError(f"draft_model {self.draft_model!r}: write policy_layers:N with N >= 1 "
                                  "(the policy's first N layers), or a path to an HF model")
         if self.draft_vocab_size is not None and self.method != "draft":

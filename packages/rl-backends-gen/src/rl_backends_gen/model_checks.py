@@ -9,11 +9,14 @@ installation) cannot take:
 * the backend must be installed (vLLM, SGLang: their pip extras), SGLang needs ``device: cuda``, and a
   training run's vLLM must be able to take the trainer's weights (``refit``: a mixture-of-experts family
   whose expert names are translated, ``vllm_args.moe_refit_refusal``);
-* a speculative draft must fit the policy: ``policy_layers:N`` below the policy's layer count, a draft
-  model from a path with the policy's vocabulary, ``draft_vocab_size`` below that vocabulary;
+* speculative decoding takes text prompts (not a vision-language model), and its draft must fit the policy:
+  ``policy_layers:N`` below the policy's layer count, or a readable model directory here (config and weights;
+  nothing is downloaded) with the policy's vocabulary; ``draft_vocab_size`` and ``train_draft``'s
+  ``draft_top_k`` within that vocabulary;
 * the native engine must run the model's layers (``generation.backend``), speculate on them (no recurrent
   layers: ``generation.speculative``), train a draft on them (softmax attention only:
-  ``speculative.train_draft``) and find routers to record (``generation.record_routing``).
+  ``speculative.train_draft``) and find routers to record (``generation.record_routing``); a draft from a
+  path the same (``speculative.draft_model``, ``speculative.train_draft``).
 
 The native checks build the model on the meta device (no weights read, nothing allocated) and ask the
 engine's own functions (``build_layer_caches``, ``refuse_recurrent``, ``refuse_untrainable``,
@@ -42,9 +45,13 @@ def check_generation(cfg: GenerationConfig, model_path: str, refit: bool = False
                                    f"{cfg.backend!r} takes text prompts only: use one of "
                                    f"{list(IMAGE_GENERATION_BACKENDS)} (the native engine runs the vision tower at "
                                    "prefill)"))
-    problems = _device_problems(cfg) + _backend_problems(cfg, model_path, refit) + _draft_problems(cfg, model_path)
+    if is_vision_language_model(model_path) and cfg.speculative is not None:
+        raise ConfigError(_problem("speculative", f"{model_path} is a vision-language model; speculative decoding "
+                                   "takes text prompts only: set generation.speculative=null"))
+    draft = _draft_problems(cfg, model_path)
+    problems = _device_problems(cfg) + _backend_problems(cfg, model_path, refit) + draft
     if cfg.backend == "native":
-        problems += _native_problems(cfg, model_path)
+        problems += _native_problems(cfg, model_path, draft_readable=not draft)
     if problems:
         raise ConfigError(problems)
 
@@ -90,6 +97,7 @@ def _draft_problems(cfg: GenerationConfig, model_path: str) -> list[ConfigProble
         return []
     from transformers import AutoConfig
 
+    from rl_backends_gen.native.draft_training import top_k_refusal
     from rl_backends_gen.native.draft_vocab import size_refusal
     from rl_backends_gen.native.proposers import layers_refusal, vocab_refusal
 
@@ -104,28 +112,37 @@ def _draft_problems(cfg: GenerationConfig, model_path: str) -> list[ConfigProble
     if spec.draft_vocab_size is not None:
         why = size_refusal(spec.draft_vocab_size, vocab, "the policy's")
         problems += [] if why is None else [_problem("speculative.draft_vocab_size", why)]
+    if spec.train_draft and (why := top_k_refusal(spec.draft_top_k, vocab)):
+        problems.append(_problem("speculative.draft_top_k", why))
     return problems
 
 
 def _vocab_of(draft_model: str) -> tuple[int | None, str | None]:
-    """``(vocabulary size, None)`` of the draft at ``draft_model``, or ``(None, why it cannot be read)``."""
+    """``(vocabulary size, None)`` of the draft model directory at ``draft_model``, or ``(None, why it cannot be
+    used)``. Nothing is downloaded: a name that is not a directory here is refused."""
     from transformers import AutoConfig
 
+    from rl_core.models.check import model_dir_problem
+
     path = Path(draft_model).expanduser()
-    if not path.exists() and (path.is_absolute() or draft_model.startswith((".", "~"))):
-        return None, f"{draft_model}: no such directory; give an HF causal LM's directory, or policy_layers:N"
-    if path.exists() and not (path / "config.json").is_file():
+    if not path.exists():
+        return None, (f"{draft_model}: no such directory (nothing is downloaded); give the directory of an HF causal "
+                      "LM with the policy's tokenizer, or policy_layers:N")
+    if not (path / "config.json").is_file():
         return None, (f"{draft_model}: not an HF model directory (no config.json); give an HF causal LM with the "
                       "policy's tokenizer, or policy_layers:N")
+    if problem := model_dir_problem(path):
+        return None, f"{draft_model}: {problem}; re-save the draft model or use policy_layers:N"
     try:
-        return AutoConfig.from_pretrained(path if path.exists() else draft_model).get_text_config().vocab_size, None
+        return AutoConfig.from_pretrained(path).get_text_config().vocab_size, None
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return None, f"{draft_model}: cannot read its config ({first}); give an HF model directory or policy_layers:N"
 
 
-def _native_problems(cfg: GenerationConfig, model_path: str) -> list[ConfigProblem]:
-    """What the native engine would refuse when built for ``cfg`` on the model at ``model_path``."""
+def _native_problems(cfg: GenerationConfig, model_path: str, draft_readable: bool) -> list[ConfigProblem]:
+    """What the native engine would refuse when built for ``cfg`` on the model at ``model_path``
+    (``draft_readable``: a draft from a path passed ``_draft_problems``, so its layers can be asked too)."""
     import torch
 
     from rl_backends_gen.native.draft_training import refuse_untrainable
@@ -144,11 +161,33 @@ def _native_problems(cfg: GenerationConfig, model_path: str) -> list[ConfigProbl
         problem = _refusal("speculative", lambda: refuse_recurrent(layers, model.config.get_text_config().model_type))
         if problem is None and spec.train_draft:
             problem = _refusal("speculative.train_draft", lambda: refuse_untrainable(layers, "the policy"))
+        if problem is None and spec.method == "draft" and spec.policy_layers is None and draft_readable:
+            problem = _path_draft_problem(spec)
         problems += [problem] if problem is not None else []
     if cfg.record_routing:
         problem = _refusal("record_routing", lambda: routers_to_record(model))
         problems += [problem] if problem is not None else []
     return problems
+
+
+def _path_draft_problem(spec) -> ConfigProblem | None:
+    """What the native engine would refuse of the draft model directory ``spec.draft_model`` (which
+    ``_draft_problems`` found readable): layers it cannot run, speculate on or (``train_draft``) train."""
+    import torch
+
+    from rl_backends_gen.native.draft_training import refuse_untrainable
+    from rl_backends_gen.native.layers import build_layer_caches
+    from rl_backends_gen.native.proposers import refuse_recurrent
+
+    draft = _meta_model(str(Path(spec.draft_model).expanduser()))
+    try:
+        layers = build_layer_caches(draft, 1, 1, torch.float32, torch.device("meta"))
+    except NotImplementedError as e:
+        return _problem("speculative.draft_model", f"{spec.draft_model}: the native engine cannot run it ({e})")
+    problem = _refusal("speculative.draft_model", lambda: refuse_recurrent(layers, f"the draft model ({spec.draft_model})"))
+    if problem is None and spec.train_draft:
+        problem = _refusal("speculative.train_draft", lambda: refuse_untrainable(layers, f"the draft ({spec.draft_model})"))
+    return problem
 
 
 def _refusal(key: str, check) -> ConfigProblem | None:

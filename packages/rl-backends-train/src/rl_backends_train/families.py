@@ -73,7 +73,7 @@ def tensor_parallel_layer_plan(config) -> dict:
     plan = getattr(config, "base_model_tp_plan", None)
     if not plan:
         raise ValueError(f"tensor parallel: {family} has no base_model_tp_plan in its transformers config; set "
-                         "tensor_parallel_size=1 (FSDP shards every layer) or backend=megatron")
+                         f"tensor_parallel_size=1 (FSDP shards every layer){_megatron_hint(family)}")
     layer_plan = {}
     for pattern, style in plan.items():
         if style == "embedding_rowwise":
@@ -82,9 +82,19 @@ def tensor_parallel_layer_plan(config) -> dict:
             raise ValueError(
                 f"tensor parallel: {family}'s base_model_tp_plan shards {pattern!r} as {style!r}, which the dtensor "
                 f"backend does not translate (it translates {sorted(styles)}); set tensor_parallel_size=1 (FSDP "
-                "shards every layer) or backend=megatron")
+                f"shards every layer){_megatron_hint(family)}")
         layer_plan[pattern.removeprefix("layers.*.")] = styles[style]()
     return layer_plan
+
+
+def _megatron_hint(family: str) -> str:
+    """" or backend=megatron" where the Megatron backend builds ``family`` (rl-checkpoint's mapped families, an
+    install of its ``megatron`` extra), else ""."""
+    try:
+        from rl_checkpoint.megatron_mapping import MAPPED_FAMILIES
+    except ImportError:  # without the extra there is no Megatron backend to suggest
+        return ""
+    return " or backend=megatron" if family in MAPPED_FAMILIES else ""
 
 
 def check_tensor_parallel_sizes(layer: nn.Module, plan: dict, tp: int) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from rl_algorithms.rollout.batch import routing_tensor
 from rl_core.batch import Batch
 from rl_core.protocols import GenerationBackend, TrainingBackend
 from rl_core.types import Completion, SamplingParams
@@ -16,7 +17,7 @@ def generate_batch(generation: GenerationBackend, prompts: Sequence[Sequence[int
     """Sample ``sampling.n`` responses per prompt; rows are prompt + response, ``loss_mask`` on the response.
 
     Keys: ``input_ids``, ``attention_mask`` [B, T] long, ``loss_mask``, ``gen_logprobs`` [B, T] float,
-    ``response_lengths`` [B] long.
+    ``response_lengths`` [B] long; ``routed_experts`` [B, T, moe_layers, k] where the engine recorded them.
     """
     completions = [c for per_prompt in generation.generate(prompts, sampling) for c in per_prompt]
     return completions_to_batch(completions, pad_token_id)
@@ -38,6 +39,9 @@ def completions_to_batch(completions: Sequence[Completion], pad_token_id: int) -
         batch["attention_mask"][row, : p + n] = 1
         batch["loss_mask"][row, p : p + n] = 1.0
         batch["gen_logprobs"][row, p : p + n] = torch.tensor(c.logprobs, dtype=torch.float32)
+    routed = [c.routed_experts for c in completions]
+    if any(r is not None for r in routed):  # generation.record_routing: the student replays them
+        batch["routed_experts"] = routing_tensor(routed, length)
     return batch
 
 

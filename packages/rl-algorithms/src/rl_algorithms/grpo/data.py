@@ -56,17 +56,23 @@ class PromptStream:
         self.consumed = int(state["consumed"])
 
 
-def prompt_length_check(tokenizer: Any, max_total_length: int) -> Callable[[PromptSample], None]:
+def prompt_length_check(tokenizer: Any, max_total_length: int,
+                        max_seq_len: int | None = None) -> Callable[[PromptSample], None]:
     """A check for dataset loaders: a prompt whose chat-templated tokens leave no room for a generated
-    token under ``grpo.max_total_length`` is a bad row (it would silently generate nothing)."""
+    token under ``grpo.max_total_length``, or under ``generation.max_seq_len`` (the generation engine's
+    context) where that is set and smaller, is a bad row (it would silently generate nothing, or stop the
+    engine mid-run)."""
     from rl_algorithms.rollout.chat_tokens import ChatTokens
 
     chat = ChatTokens(tokenizer)
+    limit, key = max_total_length, "grpo.max_total_length"
+    if max_seq_len is not None and max_seq_len < max_total_length:
+        limit, key = max_seq_len, "generation.max_seq_len"
 
     def check(sample: PromptSample) -> None:
         length = len(chat.prompt_tokens(sample.messages))
-        if length >= max_total_length:
+        if length >= limit:
             raise BadRow(f"the prompt is {length} tokens, which leaves no room to generate under "
-                         f"grpo.max_total_length={max_total_length}; shorten it or raise grpo.max_total_length")
+                         f"{key}={limit}; shorten it or raise {key}")
 
     return check

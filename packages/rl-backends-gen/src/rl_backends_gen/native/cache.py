@@ -86,15 +86,17 @@ class RecurrentState(LayerCache):
 
 
 class EngineCache:
-    """The per-layer caches of one engine (``layers[i]`` belongs to decoder layer i, None: no cache)."""
+    """The per-layer caches of one engine (``layers[i]`` belongs to decoder layer i, None: no cache), and
+    ``extras``: per-row entries beside them (a routing record) that move, sleep and wake with the rows."""
 
     def __init__(self, layers: list[LayerCache | None], max_rows: int, max_seq_len: int, dtype: torch.dtype):
         self.layers, self.max_rows, self.max_seq_len, self.dtype = layers, max_rows, max_seq_len, dtype
+        self.extras: list[LayerCache] = []
         self.clean_length = 0
         self.allocate()
 
     def _present(self) -> list[LayerCache]:
-        return [layer for layer in self.layers if layer is not None]
+        return [layer for layer in self.layers if layer is not None] + self.extras
 
     @property
     def allocated(self) -> bool:

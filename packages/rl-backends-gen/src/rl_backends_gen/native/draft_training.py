@@ -55,6 +55,8 @@ class DraftTrainer:
         if engine.fp8_layers:
             raise ValueError("generation.speculative.train_draft trains the draft's layers in generation.dtype; "
                              "this engine holds them in fp8: remove quantization or set train_draft: false")
+        if why := top_k_refusal(top_k, engine.head.weight.shape[0]):
+            raise ValueError(f"generation.speculative.draft_top_k {why}")
         self.engine, self.proposer = engine, proposer
         self.steps, self.top_k = steps, top_k
         self.named = owned_parameters(engine, proposer)
@@ -228,6 +230,11 @@ class DraftTrainer:
         batch, length = input_ids.shape
         positions = torch.arange(length, device=input_ids.device).expand(batch, length)
         return forward(input_ids, positions, SequenceStep(cache, length, input_ids.device))
+
+
+def top_k_refusal(top_k: int, vocab: int) -> str | None:
+    """Why the draft cannot be distilled on the policy's ``top_k`` most likely tokens of ``vocab``, or None."""
+    return None if top_k <= vocab else f"{top_k}: the policy's vocabulary has {vocab} tokens; set draft_top_k <= {vocab}"
 
 
 def refuse_untrainable(layers, what: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -240,7 +241,8 @@ def build_draft(engine, draft_model: str, policy_layers: int | None, trained: bo
     else:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(draft_model, dtype=engine.dtype, attn_implementation=ATTENTION_NAME)
+        model = AutoModelForCausalLM.from_pretrained(Path(draft_model).expanduser(), dtype=engine.dtype,
+                                                     attn_implementation=ATTENTION_NAME, local_files_only=True)
         model = model.to(engine.device).eval().requires_grad_(False)
         decoder, head = model.get_decoder(), model.get_output_embeddings()
         why = vocab_refusal(draft_model, head.weight.shape[0], engine.head.weight.shape[0])

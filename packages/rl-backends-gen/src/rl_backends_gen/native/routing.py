@@ -8,6 +8,9 @@ generated token but the last, which no forward has seen) goes back with its ``Co
 ``routed_experts`` ``[positions, moe_layers, k]``, for the trainer to replay
 (``policy.moe.router_replay``).
 
+A speculative verify forward writes the experts of its ``q`` positions per row like the keys and values it
+writes: a position past the row's accepted tokens is written again by the forward that next runs it.
+
 Recording takes no change to the model's code: a forward hook on each router keeps the indices it
 returned (``rl_core.models.moe``), and hooks around the decoder's forward read the step the engine
 passed down (``rl_step=``) and write those indices to the step's rows and positions.
@@ -19,7 +22,7 @@ import torch
 from torch import nn
 
 from rl_backends_gen.native.cache import EngineCache, LayerCache
-from rl_backends_gen.native.steps import DecodeStep
+from rl_backends_gen.native.steps import DecodeStep, PrefillStep
 from rl_core.models.moe import ROUTING_DTYPE, experts_per_token, moe_routers
 
 
@@ -38,7 +41,7 @@ class RoutingRecorder:
         self.record = RoutingRecord(cache.max_rows, cache.max_seq_len, len(self.routers),
                                     experts_per_token(self.routers), device)
         self.record.allocate()
-        cache.layers.append(self.record)  # after the decoder layers: moved, freed and reallocated with them
+        cache.extras.append(self.record)  # moved, freed and reallocated with the layers' caches
         self._indices: list[torch.Tensor | None] = [None] * len(self.routers)
         self._step = None
         for layer, router in enumerate(self.routers):
@@ -66,10 +69,13 @@ class RoutingRecorder:
         experts = torch.stack(self._indices, dim=1).to(ROUTING_DTYPE)  # [B * L, moe_layers, k]
         experts = experts.view(batch, length, *experts.shape[1:]).transpose(1, 2)  # [B, moe_layers, L, k]
         buffer = self.record["experts"]
-        if isinstance(step, DecodeStep):
+        if isinstance(step, DecodeStep) and length == 1:
             buffer[step.rows, :, step.positions] = experts[:, :, 0]
-        else:  # a prefill: prompt rows (after a shared prefix at ``start``) copied to their samples' slots
+        elif isinstance(step, DecodeStep):  # a speculative verify: each row's last token and its proposals
+            buffer[step.rows[:, None], :, step.positions] = experts.transpose(1, 2)  # [R, q, moe_layers, k]
+        elif isinstance(step, PrefillStep):  # prompt rows (after a shared prefix at ``start``) to their samples' slots
             buffer[step.slots, :, step.start : step.start + step.width] = experts[step.row_of_slot]
+        # else a SequenceStep (an online draft's training forward): no cache row, nothing to record
         self._indices = [None] * len(self.routers)
         self._step = None
 
