@@ -8,10 +8,13 @@ problem to stderr and exits 2 without creating an output directory or a log.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import shlex
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from rl_apps import RECIPES_DIR, __version__, list_recipes, recipe_path
@@ -83,14 +86,19 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
         return supervise(spec.name, cfg, argv, args.max_restarts)
     from rl_apps.run_dir import invoked
 
+    interrupted = threading.Event()
     try:
-        if args.dry_run:
-            from rl_apps.dry_run import dry_run
+        with _noting_interrupts(interrupted):
+            if args.dry_run:
+                from rl_apps.dry_run import dry_run
 
-            return dry_run(spec.name, cfg)
-        with invoked(shlex.join(["rl", spec.name, *argv]), overwrite=args.overwrite):
-            return int(module.run(cfg) or 0)
+                return dry_run(spec.name, cfg)
+            with invoked(shlex.join(["rl", spec.name, *argv]), overwrite=args.overwrite):
+                return int(module.run(cfg) or 0)
     except Exception as e:
+        if interrupted.is_set():  # Ctrl-C inside a library that wraps it in its own error (a checkpoint save's writers)
+            print(f"rl {spec.name}: interrupted", file=sys.stderr)
+            return 130
         bad_input = _bad_input(e)  # a check that needs more than the schema, a bad data file or checkpoint
         if bad_input is None:
             raise
@@ -99,6 +107,28 @@ def run_command(spec: CommandSpec, argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         print(f"rl {spec.name}: interrupted", file=sys.stderr)
         return 130
+
+
+@contextlib.contextmanager
+def _noting_interrupts(interrupted: threading.Event):
+    """Set ``interrupted`` when SIGINT arrives (which still raises KeyboardInterrupt): a Ctrl-C that a library
+    turns into another exception (torch's checkpoint writers raise a CheckpointException) still ends the
+    command as interrupted. Only in the main thread, where Python delivers signals, and only over Python's
+    default handler (an embedding program's own stays)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+
+    def note(signum, frame):
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _top_parser() -> argparse.ArgumentParser:
