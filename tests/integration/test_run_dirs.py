@@ -165,3 +165,36 @@ def test_keep_last_never_prunes_what_this_run_wrote(rl, tmp_path):
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000003", "step_000004", "step_000009"]
     assert {checkpoint_run_id(checkpoints / f"step_00000{i}") for i in (3, 4)} == {run_id(out)}
     assert checkpoint_run_id(checkpoints / "step_000009") == run_id(foreign)
+
+
+def test_a_resume_with_another_model_is_refused_before_anything_loads(rl, tree, tmp_path):
+    """The checkpoint's weights are compared with the new model's before loading: one line, exit 2 (was a
+    traceback from the checkpoint loader, after config.yaml had been replaced)."""
+    from rl_core.models import save_tiny_model
+
+    out = tmp_path / "run"
+    assert sft(rl, out, 1).code == 0
+    before = tree(out)
+    qwen3 = save_tiny_model(tmp_path / "qwen3", family="qwen3")  # q_norm / k_norm: weights the Llama has not
+    result = sft(rl, out, 2, f"model={qwen3}", "checkpointing.resume=true")
+    assert result.code == 2
+    [line] = result.error_lines("sft")
+    assert f"model: {qwen3} is not the model of {out / 'checkpoints' / 'step_000001'}" in line
+    assert "self_attn.k_norm.weight" in line and "Traceback" not in result.err
+    assert tree(out) == before
+
+
+def test_a_resume_refused_after_its_checkpoint_loaded_keeps_the_run_files(rl, tree, tmp_path):
+    """A resume refused once the checkpoint has loaded (here: other training data) leaves config.yaml, run.json
+    and the synthetic data of the run as they were; a resume that goes on writes its own config.yaml."""
+    out = tmp_path / "run"
+    assert sft(rl, out, 1).code == 0
+    before = tree(out)
+    result = sft(rl, out, 2, "synthetic_data.num_train=16", "checkpointing.resume=true")
+    assert result.code == 2
+    [line] = result.error_lines("sft")
+    assert "written for 8 training items but the data now holds 16" in line
+    assert tree(out) == before
+
+    assert sft(rl, out, 2, "checkpointing.resume=true").code == 0
+    assert "max_steps: 2" in (out / "config.yaml").read_text() and run_id(out) == json.loads(before["run.json"])["run_id"]

@@ -143,3 +143,37 @@ def test_rl_apps_eval_command(tiny_model_dir, tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["results"][0]["num_items"] == 8
     assert report["results"][0]["dataset"] == "arithmetic-tiny"
+
+
+def test_a_named_model_is_blamed_only_for_its_own_resolution():
+    """An error raised in the body of ``hf_model_dir(<name>)`` is the body's, not the model name's."""
+    from rl_eval.models import hf_model_dir
+
+    with pytest.raises(ValueError, match="the caller's own"), hf_model_dir("tiny-llama"):
+        raise ValueError("the caller's own error")
+    with pytest.raises(EvalError, match="not a path and not a known model name"), hf_model_dir("no-such-model"):
+        pass
+
+
+@pytest.mark.parametrize(("override", "said"), [
+    ("generation.backend=megatron", "generation.backend: megatron decodes on the Megatron training workers"),
+    ("generation.max_seq_len=20", "dataset 'arithmetic-tiny', item 1: the prompt is 43 tokens, which leaves no room "
+                                  "to generate in the backend's context of 20 tokens"),
+    ("generation.speculative={method: draft, draft_model: 'policy_layers:1', train_draft: true, draft_lr: 1.0}",
+     "generation.speculative.train_draft=true: evaluation trains no draft"),
+], ids=["megatron", "max_seq_len", "train_draft"])
+def test_rl_eval_of_a_named_model_says_what_is_wrong(override, said, tmp_path, capsys):
+    """model given by name: one line naming the real problem, exit 2, no report (was: blamed on the model name,
+    or a traceback, or a run that trained nothing)."""
+    pytest.importorskip("rl_apps")
+    from rl_apps import recipe_path
+    from rl_eval.cli import main
+
+    report = tmp_path / "r.json"
+    code = main(["--config", recipe_path("eval_tiny.yaml"), "model=tiny-llama", "progress=false",
+                 f"report_path={report}", override])
+    err = capsys.readouterr().err
+    assert code == 2
+    [line] = [line for line in err.splitlines() if line.startswith(("rl-eval: error:", "Invalid config:"))]
+    assert said in line and "model name" not in line
+    assert not report.exists()

@@ -3,12 +3,15 @@
     start_run(cfg)      malloc (cluster.malloc); seed; the model and its tokenizer (a name, an HF
                         directory, or a run, checkpoint step or policy/ directory); what the policy's and
                         the generation's backends would refuse for that model, as ConfigErrors
-                        (check_lora_targets, check_training, check_generation)   (nothing written)
+                        (check_lora_targets, check_training, check_generation; resuming, the
+                        checkpoint's weights: check_resume_model)                 (nothing written)
     <the command checks lengths against the model's context (check_fits_context) and reads its data:
      a bad file is a DataError, exit 2>                                          (nothing written)
     open_run(cfg)       checks the output directory (a previous run there is refused unless resuming or
                         --overwrite: rl_apps.run_dir) and the cluster; then run.json, config.yaml
-                        (atomically), synthetic data, the metrics logger, the checkpointer (with the run id)
+                        (atomically), synthetic data, the metrics logger, the checkpointer (with the run id);
+                        a resuming run writes run.json, config.yaml and its data only once the loop has
+                        loaded the checkpoint (_ResumedRunLogger), so a refused resume changes none of them
     run.backend(...)    training / generation backends, shut down when the run closes
     run.finish(policy, generation)  the final HF export (and the best checkpoint's, and a speculative draft
                         the run trained), "model saved to ..." on stdout
@@ -23,6 +26,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -62,10 +66,12 @@ def start_run(cfg: RunConfig) -> tuple[str, Any]:
     """Check the output directory (as open_run will, so a refusal comes before the model loads; nothing
     is written); seed everything; ``(local HF directory, tokenizer)`` of ``cfg.model``, whose layers
     ``policy.lora.target_modules`` must name (and the generation engine take: ``check_generation``)."""
-    _claim(cfg, Path(cfg.output_dir).absolute(), current_invocation())
+    _, _, checkpointer, _ = _claim(cfg, Path(cfg.output_dir).absolute(), current_invocation())
     use_process_settings(cfg.cluster)
     set_seed(cfg.seed)
     model_path, tokenizer = resolve_with_tokenizer(cfg.model)
+    if checkpointer is not None and cfg.checkpointing.resume:
+        check_resume_model(checkpointer.latest(), cfg.model, model_path)
     check_lora_targets(cfg.policy, model_path)
     check_training(cfg.policy, model_path)  # what the training backend would refuse for this model
     generation = getattr(cfg, "generation", None)
@@ -90,6 +96,38 @@ def resolve_with_tokenizer(model: str) -> tuple[str, Any]:
 
     model_path = resolve_model(model, checkpoint_to_hf=hf_model_dir)
     return model_path, AutoTokenizer.from_pretrained(model_path)
+
+
+def check_resume_model(checkpoint: Path | None, model: str, model_path: str) -> None:
+    """ConfigError at ``model`` when the checkpoint a resume would load (None: none) was saved from a model
+    of other weights (names or shapes, from its ``policy/hf_config`` and ``model_path`` built on the meta
+    device): one line before anything is loaded or written, not a load error in a worker."""
+    saved = checkpoint / POLICY_DIR / "hf_config" if checkpoint is not None else None
+    if saved is None or not (saved / "config.json").is_file():
+        return
+    try:
+        have, want = _weight_shapes(saved), _weight_shapes(model_path)
+    except Exception:  # a config this transformers cannot build: loading the checkpoint is the check then
+        return
+    differ = sorted(set(have) ^ set(want)) or sorted(name for name in have if have[name] != want[name])
+    if differ:
+        raise ConfigError(ConfigProblem(
+            "config", "model", f"{model} is not the model of {checkpoint}, which checkpointing.resume=true would "
+            f"load ({len(differ)} weights differ in name or shape, e.g. {differ[0]}); resume with the model the "
+            "run was started from (model: in its config.yaml), or start a new run in another output_dir"))
+
+
+def _weight_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
+    """``{weight name: shape}`` of the HF model whose config.json is in ``model_dir`` (built on the meta device)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from rl_core.models.processor import is_vision_language_model
+
+    model_class = AutoModelForImageTextToText if is_vision_language_model(model_dir) else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = model_class.from_config(AutoConfig.from_pretrained(model_dir))
+    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
 
 
 def check_lora_targets(backend: TrainBackendConfig, model_path: str) -> None:
@@ -236,14 +274,41 @@ def open_run(cfg: RunConfig) -> Iterator[Run]:
     except OSError as e:
         raise ConfigError(ConfigProblem("config", "output_dir", f"cannot create {out} ({e.strerror or e}); "
                                         "choose another output_dir")) from None
-    if is_new:
-        write_identity(out, identity)
-    write_atomically(out / "config.yaml", dump_config(cfg))
-    cfg.write_run_data(out / "data")
+    written = False
+
+    def write_run_files() -> None:
+        nonlocal written
+        if not written:
+            written = True
+            if is_new:
+                write_identity(out, identity)
+            write_atomically(out / "config.yaml", dump_config(cfg))
+            cfg.write_run_data(out / "data")
+
+    resuming = cfg.checkpointing.resume
+    if not resuming:
+        write_run_files()
     with ExitStack() as stack:
-        logger = MetricsLogger(cfg.logger, out, total_steps=cfg.loop.max_steps, hparams=cfg.model_dump(mode="json"))
+        logger_class = partial(_ResumedRunLogger, on_resumed=write_run_files) if resuming else MetricsLogger
+        logger = logger_class(cfg.logger, out, total_steps=cfg.loop.max_steps, hparams=cfg.model_dump(mode="json"))
         stack.callback(_close_logger, logger)
         yield Run(cfg, out, logger, checkpointer, stack)
+        write_run_files()  # a run that ended well without resuming through its logger
+
+
+class _ResumedRunLogger(MetricsLogger):
+    """The logger of a resuming run. The loop calls ``resume_from_step`` once the checkpoint has loaded
+    (``rl_algorithms.loop.maybe_resume``: policy, data position and speculative draft; -1 when there was
+    none), and only then does the run replace its files (``on_resumed``: config.yaml, run.json, synthetic
+    data): a refused or crashed resume leaves those of the run it would have continued as they were."""
+
+    def __init__(self, *args, on_resumed: Callable[[], None], **kwargs):
+        self._on_resumed = on_resumed
+        super().__init__(*args, **kwargs)
+
+    def resume_from_step(self, step: int) -> None:
+        super().resume_from_step(step)
+        self._on_resumed()
 
 
 def _claim(cfg: RunConfig, out: Path,

@@ -99,3 +99,12 @@ class EvalConfig(StrictModel):
             raise ValueError(f"k_values {too_big} must be in [1, sampling.n={self.sampling.n}]; "
                              "raise sampling.n or lower k_values")
         return self
+
+    @model_validator(mode="after")
+    def _no_draft_training(self) -> EvalConfig:
+        spec = self.generation.speculative
+        if spec is not None and spec.train_draft:
+            raise ValueError("generation.speculative.train_draft=true: evaluation trains no draft (it decodes "
+                             "with the draft as given); remove train_draft and the draft_lr / draft_steps / "
+                             "draft_top_k keys")
+        return self

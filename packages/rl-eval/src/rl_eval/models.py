@@ -21,9 +21,11 @@ def hf_model_dir(model: str) -> Iterator[str]:
         except ImportError:
             raise EvalError(f"model {model!r}: no such path") from None
         try:
-            yield str(resolve_model(model))
+            resolved = resolve_model(model)
         except (KeyError, ValueError, FileNotFoundError) as e:
             raise EvalError(f"model {model!r}: not a path and not a known model name ({e})") from None
+        # outside the try: an error of the caller's ``with`` body is its own, not the model name's
+        yield str(resolved)
         return
     from rl_checkpoint import CheckpointError, detect_format, to_hf
 

@@ -29,11 +29,11 @@ def run_eval(cfg: EvalConfig, *, print_fn=print) -> list[EvalReport]:
         tokenizer = load_tokenizer(model_dir)
         try:
             check_generation(cfg.generation, model_dir)
+            if cfg.generation.num_replicas > 0:
+                init_ray(cfg.cluster)
+            backend = build_generation_backend(cfg.generation, model_dir)
         except ConfigError as e:
             raise EvalError(str(e)) from None
-        if cfg.generation.num_replicas > 0:
-            init_ray(cfg.cluster)
-        backend = build_generation_backend(cfg.generation, model_dir)
         try:
             for dcfg, name, samples in datasets:
                 grader_cfg = dcfg.grader_config()

@@ -132,6 +132,7 @@ def evaluate(generation: GenerationBackend, tokenizer, dataset: Sequence[PromptS
     """
     def rollout(items: Sequence[PromptSample], params: SamplingParams) -> list[list[SampleResult]]:
         prompts = [render_prompt(tokenizer, sample, prompt_template) for sample in items]
+        _check_prompts_fit(prompts, getattr(generation, "max_seq_len", None), dataset_name)
         desc = f"{'greedy' if params.temperature == 0 else 'eval'} {dataset_name}"
         completions = _generate(generation, prompts, params, batch_size, progress, desc)
         return [[_grade(tokenizer, grader, sample, c, answer_format, correct_threshold) for c in per_item]
@@ -201,6 +202,20 @@ def render_prompt(tokenizer, sample: PromptSample, prompt_template: str | None =
         return encode(messages)
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     return list(ids)
+
+
+def _check_prompts_fit(prompts: Sequence[Prompt], context: int | None, dataset_name: str) -> None:
+    """A prompt that leaves no room for one new token in the backend's context is bad input: refused before
+    anything is generated (the engine would refuse it mid-run). ``context``: None when the backend does not say."""
+    if context is None:
+        return
+    for index, prompt in enumerate(prompts):
+        length = len(getattr(prompt, "input_ids", prompt))  # an EncodedChat's ids, or the ids themselves
+        if length >= context:
+            raise EvalError(f"dataset {dataset_name!r}, item {index + 1}: the prompt is {length} tokens, which leaves "
+                            f"no room to generate in the backend's context of {context} tokens "
+                            "(generation.max_seq_len, else the model's); shorten the prompt or raise "
+                            "generation.max_seq_len")
 
 
 def _generate(generation, prompts, sampling: SamplingParams, batch_size: int, progress: bool, desc: str):

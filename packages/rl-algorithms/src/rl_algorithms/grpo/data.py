@@ -65,14 +65,14 @@ def prompt_length_check(tokenizer: Any, max_total_length: int,
     from rl_algorithms.rollout.chat_tokens import ChatTokens
 
     chat = ChatTokens(tokenizer)
-    limit, key = max_total_length, "grpo.max_total_length"
-    if max_seq_len is not None and max_seq_len < max_total_length:
-        limit, key = max_seq_len, "generation.max_seq_len"
 
     def check(sample: PromptSample) -> None:
         length = len(chat.prompt_tokens(sample.messages))
-        if length >= limit:
+        if max_seq_len is not None and max_seq_len < max_total_length and length >= max_seq_len:
             raise BadRow(f"the prompt is {length} tokens, which leaves no room to generate under "
-                         f"{key}={limit}; shorten it or raise {key}")
+                         f"generation.max_seq_len={max_seq_len}; shorten it or raise generation.max_seq_len")
+        if length >= max_total_length:
+            raise BadRow(f"the prompt is {length} tokens, which leaves no room to generate under "
+                         f"grpo.max_total_length={max_total_length}; shorten it or raise grpo.max_total_length")
 
     return check
