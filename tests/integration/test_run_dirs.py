@@ -198,3 +198,28 @@ def test_a_resume_refused_after_its_checkpoint_loaded_keeps_the_run_files(rl, tr
 
     assert sft(rl, out, 2, "checkpointing.resume=true").code == 0
     assert "max_steps: 2" in (out / "config.yaml").read_text() and run_id(out) == json.loads(before["run.json"])["run_id"]
+
+
+def test_a_resume_that_would_continue_something_else_is_refused_and_changes_nothing(rl, tree, tmp_path):
+    """Another command's run, a checkpointing.dir without the run's checkpoints (the run would start over in
+    place), a policy with LoRA where the checkpoint has none: each one line at its key, exit 2, nothing changed."""
+    out = tmp_path / "run"
+    assert sft(rl, out, 1).code == 0
+    before = tree(out)
+    typo = tmp_path / "typo"
+    lora = ("policy.lora.rank=4", "policy.lora.alpha=8", "policy.lora.target_modules=[q_proj,v_proj]")
+    cases = [
+        (("dpo", "--config", "dpo_tiny", f"output_dir={out}", "dpo.max_steps=2"), "dpo",
+         f"checkpointing.resume: {out} holds an `rl sft` run, which `rl dpo` cannot continue"),
+        ((*SFT, f"output_dir={out}", "sft.max_steps=2", f"checkpointing.dir={typo}"), "sft",
+         f"checkpointing.dir: {typo} holds no checkpoint, but the run in {out} saved its checkpoints in "
+         f"{out / 'checkpoints'}; resume with checkpointing.dir=null"),
+        ((*SFT, f"output_dir={out}", "sft.max_steps=2", *lora), "sft",
+         f"policy.lora: {out / 'checkpoints' / 'step_000001'} was trained without LoRA; resume with policy.lora=null"),
+    ]
+    for argv, command, message in cases:
+        result = rl(*argv, "checkpointing.resume=true")
+        assert result.code == 2, result.err
+        [line] = result.error_lines(command)
+        assert message in line and "Traceback" not in result.err
+        assert tree(out) == before and not typo.exists()

@@ -3,8 +3,8 @@
     start_run(cfg)      malloc (cluster.malloc); seed; the model and its tokenizer (a name, an HF
                         directory, or a run, checkpoint step or policy/ directory); what the policy's and
                         the generation's backends would refuse for that model, as ConfigErrors
-                        (check_lora_targets, check_training, check_generation; resuming, the
-                        checkpoint's weights: check_resume_model)                 (nothing written)
+                        (check_lora_targets, check_training, check_generation; resuming: the
+                        checkpoint's model and policy, rl_apps.resume_checks)      (nothing written)
     <the command checks lengths against the model's context (check_fits_context) and reads its data:
      a bad file is a DataError, exit 2>                                          (nothing written)
     open_run(cfg)       checks the output directory (a previous run there is refused unless resuming or
@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from rl_algorithms.checkpointing import CheckpointManager
 from rl_algorithms.data import DataFileConfig, write_synthetic_dataset
 from rl_algorithms.draft import export_draft
+from rl_apps.resume_checks import check_resume_command, check_resume_dir, check_resume_model, check_resume_policy
 from rl_apps.run_config import RunConfig, SupervisedRunConfig
 from rl_apps.run_dir import (
     Invocation,
@@ -70,8 +71,9 @@ def start_run(cfg: RunConfig) -> tuple[str, Any]:
     use_process_settings(cfg.cluster)
     set_seed(cfg.seed)
     model_path, tokenizer = resolve_with_tokenizer(cfg.model)
-    if checkpointer is not None and cfg.checkpointing.resume:
-        check_resume_model(checkpointer.latest(), cfg.model, model_path)
+    if checkpointer is not None and cfg.checkpointing.resume and (latest := checkpointer.latest()) is not None:
+        check_resume_model(latest, cfg.model, model_path)
+        check_resume_policy(latest, cfg.policy)
     check_lora_targets(cfg.policy, model_path)
     check_training(cfg.policy, model_path)  # what the training backend would refuse for this model
     generation = getattr(cfg, "generation", None)
@@ -96,38 +98,6 @@ def resolve_with_tokenizer(model: str) -> tuple[str, Any]:
 
     model_path = resolve_model(model, checkpoint_to_hf=hf_model_dir)
     return model_path, AutoTokenizer.from_pretrained(model_path)
-
-
-def check_resume_model(checkpoint: Path | None, model: str, model_path: str) -> None:
-    """ConfigError at ``model`` when the checkpoint a resume would load (None: none) was saved from a model
-    of other weights (names or shapes, from its ``policy/hf_config`` and ``model_path`` built on the meta
-    device): one line before anything is loaded or written, not a load error in a worker."""
-    saved = checkpoint / POLICY_DIR / "hf_config" if checkpoint is not None else None
-    if saved is None or not (saved / "config.json").is_file():
-        return
-    try:
-        have, want = _weight_shapes(saved), _weight_shapes(model_path)
-    except Exception:  # a config this transformers cannot build: loading the checkpoint is the check then
-        return
-    differ = sorted(set(have) ^ set(want)) or sorted(name for name in have if have[name] != want[name])
-    if differ:
-        raise ConfigError(ConfigProblem(
-            "config", "model", f"{model} is not the model of {checkpoint}, which checkpointing.resume=true would "
-            f"load ({len(differ)} weights differ in name or shape, e.g. {differ[0]}); resume with the model the "
-            "run was started from (model: in its config.yaml), or start a new run in another output_dir"))
-
-
-def _weight_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
-    """``{weight name: shape}`` of the HF model whose config.json is in ``model_dir`` (built on the meta device)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    from rl_core.models.processor import is_vision_language_model
-
-    model_class = AutoModelForImageTextToText if is_vision_language_model(model_dir) else AutoModelForCausalLM
-    with torch.device("meta"):
-        model = model_class.from_config(AutoConfig.from_pretrained(model_dir))
-    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
 
 
 def check_lora_targets(backend: TrainBackendConfig, model_path: str) -> None:
@@ -321,6 +291,9 @@ def _claim(cfg: RunConfig, out: Path,
     if resume and invocation.overwrite:
         raise ConfigError(ConfigProblem("command line", "checkpointing.resume", "--overwrite removes the run "
                                         "that checkpointing.resume=true would continue; pass only one of them"))
+    if resume:
+        check_resume_command(out, invocation.command)
+        check_resume_dir(out, checkpoint_dir)
     found = previous_run(out, checkpoint_dir, cfg.run_data_files())
     if found and not resume and not invocation.overwrite:
         refuse_previous_run(out, found)
