@@ -38,7 +38,7 @@ def reference_tensors() -> dict[str, torch.Tensor]:
             "model.norm.weight": torch.randn(4, generator=gen)}
 
 
-def test_two_rank_dcp_reassembles_exactly(tmp_path, tiny_model_dir, read_hf):
+def test_two_rank_dcp_reassembles_exactly(tmp_path, read_hf):
     path = str(tmp_path / "dcp")
     mp.start_processes(_save_sharded, args=(2, path, str(tmp_path / "init")), nprocs=2, join=True,
                        start_method="spawn")
@@ -46,7 +46,7 @@ def test_two_rank_dcp_reassembles_exactly(tmp_path, tiny_model_dir, read_hf):
 
     reader = DCPReader(path)
     assert len(reader._chunks["model.model.embed_tokens.weight"]) == 2
-    assert main(["dcp-to-hf", path, str(tmp_path / "hf"), "--config-dir", tiny_model_dir]) == 0
+    assert main(["dcp-to-hf", path, str(tmp_path / "hf")]) == 0
     got = read_hf(tmp_path / "hf")
     want = reference_tensors()
     assert sorted(got) == sorted(want)
@@ -55,4 +55,4 @@ def test_two_rank_dcp_reassembles_exactly(tmp_path, tiny_model_dir, read_hf):
     # a row range touching only the second chunk
     assert torch.equal(reader.load_rows("model.model.embed_tokens.weight", 6, 9), want["model.embed_tokens.weight"][6:9])
     os.remove(os.path.join(path, "__1_0.distcp"))
-    assert main(["dcp-to-hf", path, str(tmp_path / "hf2"), "--config-dir", tiny_model_dir]) == 2
+    assert main(["dcp-to-hf", path, str(tmp_path / "hf2")]) == 2

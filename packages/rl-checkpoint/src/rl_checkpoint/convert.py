@@ -38,17 +38,24 @@ def parse_dtype(name: str | None) -> torch.dtype | None:
 
 def write_hf(source: TensorSource, out: str | Path, *, config_dir: Path | None = None,
              config: dict | None = None, force: bool = False, max_shard_bytes: int = DEFAULT_SHARD_BYTES,
-             read_group_bytes: int = DEFAULT_READ_GROUP_BYTES, dtype: torch.dtype | None = None) -> Path:
+             read_group_bytes: int = DEFAULT_READ_GROUP_BYTES, dtype: torch.dtype | None = None,
+             check_config_of: str | Path | None = None) -> Path:
     """Stream ``source`` into an HF directory: sharded safetensors + index, config and tokenizer files.
 
     With ``tie_word_embeddings`` in the config, ``lm_head.weight`` (the embedding again) is left out, as
-    ``save_pretrained`` does; ``dtype`` (the cast ``source`` applies) is written into config.json."""
+    ``save_pretrained`` does; ``dtype`` (the cast ``source`` applies) is written into config.json.
+    ``check_config_of``: the checkpoint ``source`` reads, whose tensors must be the model of
+    ``config_dir``'s config.json (a user's ``--config-dir``); checked before anything is written."""
     out = Path(out)
     if config is None and config_dir is not None and (config_dir / "config.json").is_file():
         config = read_json(config_dir / "config.json", "HF config")
     infos = source.infos
     if config is not None and config.get("tie_word_embeddings") and "model.embed_tokens.weight" in infos:
         infos = {n: i for n, i in infos.items() if n != "lm_head.weight"}
+    if check_config_of is not None and config_dir is not None and (config_dir / "config.json").is_file():
+        from rl_checkpoint.config_check import check_config_fits
+
+        check_config_fits(infos, config_dir, check_config_of)
     with atomic_output_dir(out, force) as tmp:
         write_sharded(tmp, infos, source.load, max_shard_bytes=max_shard_bytes, read_group_bytes=read_group_bytes)
         copy_config_files(config_dir, tmp)
@@ -78,7 +85,7 @@ def to_hf(path: str | Path, out: str | Path, *, fmt: str | None = None, config_d
     if opened.format == "peft":
         raise CheckpointError(f"{path}: is a LoRA adapter, not a model; use merge-lora --base BASE {path} OUT")
     return write_hf(opened.source, out, config_dir=opened.config_dir, force=force, max_shard_bytes=max_shard_bytes,
-                    dtype=dtype)
+                    dtype=dtype, check_config_of=path if config_dir is not None else None)
 
 
 def gguf_to_hf(path: str | Path, out: str | Path, *, dtype: torch.dtype = torch.float32, force: bool = False,
