@@ -177,3 +177,21 @@ def test_rl_eval_of_a_named_model_says_what_is_wrong(override, said, tmp_path, c
     [line] = [line for line in err.splitlines() if line.startswith(("rl-eval: error:", "Invalid config:"))]
     assert said in line and "model name" not in line
     assert not report.exists()
+
+
+def test_a_report_path_that_cannot_be_written_is_refused_before_evaluating(tiny_model_dir, tmp_path, capsys):
+    """A directory at report_path, or a file where its parent must be: one line, exit 2, before any generation
+    (was: a traceback after the whole evaluation, and a temporary file left behind)."""
+    from rl_eval.cli import main
+
+    (tmp_path / "a-dir").mkdir()
+    (tmp_path / "a-file").write_text("hi")
+    cases = {tmp_path / "a-dir": "is a directory", tmp_path / "a-file" / "r.json": "is a file, so"}
+    for report, said in cases.items():
+        capsys.readouterr()
+        code = main([f"model={tiny_model_dir}", "sampling.n=1", "k_values=[1]", "progress=false",
+                     f"report_path={report}", "datasets=[{data: {kind: procedural, size: 2}, grader: {name: test_even_length}}]"])
+        captured = capsys.readouterr()
+        assert code == 2 and f"report_path: {tmp_path / report.relative_to(tmp_path).parts[0]}" in captured.err, captured.err
+        assert said in captured.err and "pass@1" not in captured.out  # nothing was evaluated
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-dir", "a-file"] and not list((tmp_path / "a-dir").iterdir())

@@ -21,6 +21,8 @@ def run_eval(cfg: EvalConfig, *, print_fn=print) -> list[EvalReport]:
     from rl_core.config import ConfigError
     from rl_environments.registry import build_environment
 
+    if cfg.report_path:
+        check_report_path(cfg.report_path)  # before the evaluation, not after it
     datasets = [(d, d.name or d.data.default_name(), d.data.build(f"datasets.{i}.data"))
                 for i, d in enumerate(cfg.datasets)]
     model_name = cfg.model_name or Path(cfg.model.rstrip("/")).name
@@ -67,5 +69,21 @@ def write_report(path: str | os.PathLike, cfg: EvalConfig | None, reports: list[
         "results": [r.to_dict() for r in reports],
     }
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_report_path(path: str | os.PathLike) -> None:
+    """EvalError (key ``report_path``) when the report could not be written at ``path``: a directory there, a
+    file where a parent directory must be, or a nearest existing directory that is not writable."""
+    path = Path(path).absolute()
+    if path.is_dir():
+        raise EvalError(f"report_path: {path} is a directory; give a file path such as {path / 'report.json'}")
+    existing = next(p for p in path.parents if p.exists())
+    if not existing.is_dir():
+        raise EvalError(f"report_path: {existing} is a file, so {path} cannot be written; choose another report_path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise EvalError(f"report_path: {existing} is not writable; choose another report_path")
