@@ -118,3 +118,45 @@ def test_a_batch_larger_than_the_data_is_a_config_error(tmp_path, capsys):
     assert code == 2
     assert "sft.batch_size: 4 items per step, but the training data holds only 3 usable rows" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def _unreadable_data(tmp_path, kind: str) -> str:
+    """A parquet file cut in half, or a save_to_disk directory whose .arrow file was cut to 100 bytes."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": "1 + 1?", "completion": "2", "problem": "What is 1 + 1?", "answer": 2}] * 4
+    if kind == "parquet":
+        path = tmp_path / "trunc.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        return str(path)
+    datasets.disable_progress_bars()
+    path = tmp_path / "saved"
+    datasets.Dataset.from_list(rows).save_to_disk(str(path))
+    [arrow] = path.glob("*.arrow")
+    arrow.write_bytes(arrow.read_bytes()[:100])
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["parquet", "datasets"])
+@pytest.mark.parametrize("command", ["sft", "sft --dry-run", "grpo", "eval"])
+def test_an_unreadable_parquet_file_or_saved_dataset_exits_2_naming_it(tmp_path, capsys, kind, command):
+    path = _unreadable_data(tmp_path, kind)
+    run = tmp_path / "run"
+    if command.startswith("sft"):
+        args = ["sft", "--config", recipe_path("sft_tiny.yaml"), f"output_dir={run}", "synthetic_data=null",
+                f"data.train_path={path}", "sft.batch_size=1", "sft.max_steps=1", *command.split()[1:]]
+    elif command == "grpo":
+        args = ["grpo", "--config", recipe_path("grpo_smoke_tiny.yaml"), f"output_dir={run}", "data.kind=file",
+                f"data.train_path={path}", "grpo.val_every=0", "grpo.max_steps=1", *QUIET]
+    else:
+        args = ["eval", "--config", recipe_path("eval_tiny.yaml"), f"report_path={run / 'report.json'}",
+                f"datasets=[{{name: x, data: {{kind: file, path: {path}}}}}]"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    what = "parquet file" if kind == "parquet" else "datasets save_to_disk directory"
+    [line] = [ln for ln in err.splitlines() if f"{path}: not a readable {what} (" in ln]
+    assert line == err.strip().splitlines()[-1] and ("write it again" in line or "save the dataset again" in line)
+    assert "Traceback" not in err and not run.exists()

@@ -110,3 +110,17 @@ def test_a_missing_field_names_the_key_to_set(tmp_path, write_rows, tiny_tokeniz
     with pytest.raises(DataError) as err:
         load(path, cfg(train_path=path), tiny_tokenizer)
     assert f"{path}, line 1: " in str(err.value) and says in str(err.value)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+@pytest.mark.parametrize(("row", "says"), [
+    ({"prompt": None, "completion": "a"}, "field 'prompt' is null."),
+    ({"prompt": "q", "completion": None}, "field 'completion' is null."),
+])
+def test_a_null_field_is_called_null_not_missing(tmp_path, write_rows, tiny_tokenizer, fmt, row, says):
+    """A null (JSON null, an empty parquet cell) is a field without a value, not a field to look for elsewhere."""
+    path = write_rows([{"prompt": "q", "completion": "a"}, row], tmp_path, fmt)
+    with pytest.raises(DataError) as err:
+        load_chat_dataset(path, ChatDataConfig(train_path=path), tiny_tokenizer)
+    unit = "line" if fmt == "jsonl" else "row"
+    assert f"{path}, {unit} 2: {says} Fix or remove the row" in str(err.value) and "missing" not in str(err.value)

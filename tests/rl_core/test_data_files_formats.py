@@ -3,6 +3,7 @@ rows; a DatasetDict needs a split; a directory that is no dataset, or no `datase
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -54,3 +55,80 @@ def test_without_the_datasets_package_the_error_names_the_extra(tmp_path, write_
     monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
     with pytest.raises(DataError, match=r'needs the datasets package: pip install "rl-core\[datasets\]"'):
         list(read_rows(path))
+
+
+def _truncated(path: str) -> str:
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+    return path
+
+
+@pytest.mark.parametrize(("make", "says"), [
+    (lambda d, write_rows: _truncated(write_rows(ROWS, d, "parquet")), "Parquet magic bytes not found in footer"),
+    (lambda d, write_rows: _text(d / "garbage.parquet", "not parquet at all\n"), "Parquet magic bytes not found"),
+    (lambda d, write_rows: _text(d / "zero.parquet", ""), "Parquet file size is 0 bytes"),
+])
+def test_an_unreadable_parquet_file_is_one_data_error_naming_it(tmp_path, write_rows, make, says):
+    path = make(tmp_path, write_rows)
+    with pytest.raises(DataError) as err:
+        load_rows(path, dict)
+    message = str(err.value)
+    assert message.startswith(f"{path}: not a readable parquet file ({says}") and "write it again" in message
+    assert "\n" not in message and "Could not open" not in message  # pyarrow's prefix repeats the path
+
+
+def test_jsonl_read_as_parquet_says_to_set_the_format_to_auto(tmp_path, write_rows):
+    path = write_rows(ROWS, tmp_path, "jsonl")
+    with pytest.raises(DataError, match=rf"^{path}: not a readable parquet file \(Parquet magic bytes .*\); .*name it "
+                                        r"\.jsonl or \.json and set the dataset's format to auto$"):
+        load_rows(path, dict, file_format="parquet")
+
+
+def test_a_corrupt_parquet_page_is_one_printable_line(tmp_path, write_rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "pages.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "x" * 100}] * 1000), path, compression="none")
+    data = bytearray(path.read_bytes())
+    data[200:400] = b"\xff" * 200  # footer intact, a page header overwritten
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError) as err:
+        load_rows(path, dict)
+    message = str(err.value)
+    assert message.startswith(f"{path}: not a readable parquet file (") and message.isprintable()
+
+
+@pytest.mark.parametrize(("damage", "says"), [
+    ("truncate", "Expected to read"),
+    ("delete", "No such file or directory"),
+    ("state", "line 1 column 2"),
+])
+def test_an_unreadable_saved_dataset_is_one_data_error_naming_it(tmp_path, write_rows, damage, says):
+    path = write_rows(ROWS, tmp_path, "datasets")
+    [arrow] = [os.path.join(path, f) for f in os.listdir(path) if f.endswith(".arrow")]
+    if damage == "truncate":
+        _text(arrow, open(arrow, "rb").read()[:100])
+    elif damage == "delete":
+        os.remove(arrow)
+    else:
+        _text(os.path.join(path, "state.json"), "{oops")
+    with pytest.raises(DataError) as err:
+        load_rows(path, dict)
+    assert str(err.value).startswith(f"{path}: not a readable datasets save_to_disk directory (")
+    assert says in str(err.value) and str(err.value).endswith("save the dataset again with save_to_disk (one of its "
+                                                               "files may be truncated or corrupt)")
+
+
+def test_format_datasets_on_a_file_says_it_is_a_file(tmp_path, write_rows):
+    path = write_rows(ROWS, tmp_path, "jsonl")
+    with pytest.raises(DataError, match=rf"^{path}: a file, but the dataset's format is datasets \(a save_to_disk "
+                                        r"directory\); set it to auto or to the file's format"):
+        load_rows(path, dict, file_format="datasets")
+
+
+def _text(path, content: str | bytes):
+    with open(path, "wb") as f:
+        f.write(content.encode() if isinstance(content, str) else content)
+    return path

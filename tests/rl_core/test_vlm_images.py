@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from rl_core.data_files import DataError
 from rl_core.image_files import load_image_chats, write_image_jsonl
 from rl_core.images import ImageChat, ImageDataError, decode_image, jsonable_messages, message_images
 
@@ -191,3 +192,36 @@ def test_write_image_jsonl_round_trips(tmp_path):
     assert [c.fields for c in back] == [{"answer": "0"}, {"answer": "1"}, {"answer": "2"}]
     assert [_same(message_images(c.messages)[0], col) for c, col in zip(back, (RED, GREEN, BLUE))] == [True] * 3
     assert back[2].messages[1] == {"role": "assistant", "content": "\\boxed{2}"}
+
+
+def test_an_image_path_that_is_a_directory_says_so(tmp_path):
+    (tmp_path / "red.png").write_bytes(_png(RED))
+    (tmp_path / "adir.png").mkdir()
+    path = _write_jsonl(tmp_path / "data.jsonl", [{"problem": "fine", "images": "red.png"},
+                                                  {"problem": "q", "images": "adir.png/"}])
+    with pytest.raises(ImageDataError) as err:
+        load_image_chats(path)
+    assert str(err.value) == (f"{path}, line 2: images[0]: image {tmp_path / 'adir.png'} is a directory, not an image "
+                              "file; point the row at an image file; fix or remove the row")
+
+
+def test_an_unreadable_parquet_file_or_saved_dataset_is_one_data_error(tmp_path):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    datasets.disable_progress_bars()
+    rows = [{"problem": "q", "images": _png(RED)}] * 4
+    parquet = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    parquet.write_bytes(parquet.read_bytes()[:200])
+    with pytest.raises(DataError) as err:
+        load_image_chats(parquet)
+    assert str(err.value).startswith(f"{parquet}: not a readable parquet file (Parquet magic bytes not found")
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_list(rows).save_to_disk(saved)
+    [arrow] = saved.glob("*.arrow")
+    arrow.write_bytes(arrow.read_bytes()[:100])
+    with pytest.raises(DataError) as err:
+        load_image_chats(saved)
+    assert str(err.value).startswith(f"{saved}: not a readable datasets save_to_disk directory (Expected to read")

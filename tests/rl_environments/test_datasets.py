@@ -184,3 +184,14 @@ def test_empty_file_json_list_and_caller_check(tmp_path):
     # Procedural datasets pass the same check, or name the problem.
     with pytest.raises(DataError, match="arithmetic dataset, train split, problem 1: prompt too long"):
         ArithmeticDatasetConfig().load("train", 3, check=at_most_20_chars)
+
+
+@pytest.mark.parametrize("field", ["prompt", "messages"])
+def test_an_empty_message_list_says_it_is_empty(tmp_path, field):
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps({field: [], "answer": 1}) + "\n")
+    cfg = FileDatasetConfig(train_path=str(path), messages_field="messages" if field == "messages" else None)
+    with pytest.raises(DataError) as err:
+        cfg.build("train")
+    assert f"{path}, line 1: {field!r} is an empty list; it needs at least one {{role, content}} message" in str(
+        err.value)

@@ -4,12 +4,14 @@
 The one reader behind every dataset of the library (SFT / DPO / RM / distillation data, GRPO prompt
 files, evaluation sets). A row that cannot be used (not valid JSON or UTF-8, not an object, or refused by
 the caller's ``convert``) is a :class:`BadRow`; :func:`load_rows` applies the ``on_bad_row`` policy to it
-in one place: stop with a :class:`DataError` naming the file and row, or skip it and count it.
+in one place: stop with a :class:`DataError` naming the file and row, or skip it and count it. A file that
+cannot be read at all (a truncated parquet file, a broken ``save_to_disk`` directory) is a DataError naming it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,11 @@ FileFormat = Literal["auto", "jsonl", "json", "parquet", "datasets"]
 DATASETS_INSTALL = 'pip install "rl-core[datasets]"'
 """What to install to read ``save_to_disk`` directories (the ``datasets`` package)."""
 MAX_REASONS_KEPT = 20
+REWRITE_PARQUET = ("write it again (it may be truncated or corrupt); if it holds JSON Lines or JSON, name it .jsonl or "
+                   ".json and set the dataset's format to auto")
+"""What to do about a parquet file that pyarrow cannot read."""
+RESAVE_DATASET = "save the dataset again with save_to_disk (one of its files may be truncated or corrupt)"
+"""What to do about a ``save_to_disk`` directory that ``datasets`` cannot read."""
 
 
 class BadRow(ValueError):
@@ -140,6 +147,9 @@ def read_rows(path: str | Path, file_format: FileFormat = "auto", split: str | N
     ``DatasetDict`` (its ``<path>/<split>`` directory works as well)."""
     path = Path(path)
     kind = detect_format(path, file_format) if path.exists() else None
+    if kind == "datasets" and path.is_file():
+        raise DataError(f"{path}: a file, but the dataset's format is datasets (a save_to_disk directory); set it to "
+                        "auto or to the file's format (jsonl, json or parquet)")
     if kind == "datasets":
         yield from _read_saved_dataset(path, split)
         return
@@ -199,11 +209,29 @@ def _object(record: Any) -> Record | BadRow:
 
 def _read_parquet(path: Path) -> Iterator[tuple[RowLocation, Record | BadRow]]:
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(f'{path}: reading parquet files needs pyarrow: pip install pyarrow') from None
+    try:
+        records = pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as err:
+        raise unreadable(path, "parquet file", err, REWRITE_PARQUET) from None
+    yield from _decoded_rows(str(path), records)
 
-    yield from _decoded_rows(str(path), pq.read_table(path).to_pylist())
+
+def unreadable(path: str | Path, what: str, err: BaseException, fix: str) -> DataError:
+    """``<path>: not a readable <what> (<the reader's first line>); <fix>``, for a file that pyarrow or
+    ``datasets`` cannot read (truncated, corrupt, or another format)."""
+    printable = "".join(c for c in str(err) if c.isprintable() or c == "\n")  # thrift errors hold raw bytes
+    lines = [line.strip() for line in printable.splitlines() if line.strip()]
+    reason = re.sub(r"^Could not open Parquet input source '.*?': ", "", lines[0]) if lines else type(err).__name__
+    return DataError(f"{path}: not a readable {what} ({reason.rstrip(': ')}); {fix}")
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """Whether ``path`` holds the index files of a ``save_to_disk`` directory (a Dataset or a DatasetDict)."""
+    return any((path / name).is_file() for name in ("dataset_info.json", "state.json", "dataset_dict.json"))
 
 
 def _decoded_rows(name: str, records: Iterable[Record]) -> Iterator[tuple[RowLocation, Record | BadRow]]:
@@ -220,15 +248,20 @@ def _read_saved_dataset(path: Path, split: str | None) -> Iterator[tuple[RowLoca
     """The rows of a ``save_to_disk`` directory (a Dataset, or one split of a DatasetDict)."""
     try:
         import datasets
+        import pyarrow as pa
     except ImportError:
         raise DataError(f"{path}: reading a datasets (save_to_disk) directory needs the datasets package: "
                         f"{DATASETS_INSTALL}") from None
     try:
         loaded = datasets.load_from_disk(str(path))
-    except FileNotFoundError:
+    except FileNotFoundError as err:
+        if is_saved_dataset(path):  # one of its data files is gone
+            raise unreadable(path, "datasets save_to_disk directory", err, RESAVE_DATASET) from None
         raise DataError(f"{path}: a directory, but not one written by datasets' save_to_disk (no dataset_info.json "
                         "or dataset_dict.json); point the path at a .jsonl, .json or .parquet file or such a "
                         "directory") from None
+    except (pa.ArrowException, OSError, ValueError) as err:  # a truncated .arrow file, a broken state.json
+        raise unreadable(path, "datasets save_to_disk directory", err, RESAVE_DATASET) from None
     name = str(path)
     if isinstance(loaded, datasets.DatasetDict):
         if split is None or split not in loaded:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from rl_core.data_files import RESAVE_DATASET, REWRITE_PARQUET, is_saved_dataset, unreadable
 from rl_core.images import BadImage, ImageChat, ImageDataError, row_to_chat
 
 Row = tuple[str, dict[str, Any]]
@@ -95,27 +96,36 @@ def _object(record: Any, where: str) -> dict[str, Any]:
 
 def _read_parquet(path: Path) -> Iterator[Row]:
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise ImageDataError(str(path), 'reading parquet needs pyarrow: pip install "rl-core[parquet]"') from None
     # Batches keep memory bounded; binary columns (image bytes) stay bytes.
     number = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
-        for record in batch.to_pylist():
-            number += 1
-            yield f"{path}, row {number}", record
+    try:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+            for record in batch.to_pylist():
+                number += 1
+                yield f"{path}, row {number}", record
+    except (pa.ArrowException, OSError) as err:
+        raise unreadable(path, "parquet file", err, REWRITE_PARQUET) from None
 
 
 def _read_saved_dataset(path: Path, split: str | None) -> Iterator[Row]:
     try:
         import datasets
+        import pyarrow as pa
     except ImportError:
         raise ImageDataError(str(path), 'reading a saved HF dataset needs datasets: pip install "rl-core[datasets]"') \
             from None
     try:
         dataset = datasets.load_from_disk(str(path))
     except FileNotFoundError as err:
+        if is_saved_dataset(path):  # one of its data files is gone
+            raise unreadable(path, "datasets save_to_disk directory", err, RESAVE_DATASET) from None
         raise ImageDataError(str(path), f"not a dataset written by save_to_disk ({err})") from None
+    except (pa.ArrowException, OSError, ValueError) as err:  # a truncated .arrow file, a broken state.json
+        raise unreadable(path, "datasets save_to_disk directory", err, RESAVE_DATASET) from None
     name = str(path)
     if isinstance(dataset, datasets.DatasetDict):
         if split is None or split not in dataset:

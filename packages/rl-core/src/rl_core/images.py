@@ -80,6 +80,8 @@ def decode_image(ref: ImageRef, base_dir: str | Path | None = None) -> Image.Ima
     path = Path(ref)
     if not path.is_absolute() and base_dir is not None:
         path = Path(base_dir) / path
+    if path.is_dir():
+        raise BadImage(f"image {path} is a directory, not an image file; point the row at an image file")
     if not path.is_file():
         raise BadImage(f"image file {path} does not exist")
     return _open(path, f"image file {path}")

@@ -114,7 +114,9 @@ def _text(value: Any, name: str, hint: str = "") -> str:
 
 
 def _messages(value: Any, name: str) -> list[dict[str, str]]:
-    if not isinstance(value, list) or not value:
+    if value == []:
+        raise BadRow(f"{name!r} is an empty list; it needs at least one {{role, content}} message")
+    if not isinstance(value, list):
         raise BadRow(f"{name!r} must be a list of {{role, content}} objects, got {_kind(value)}")
     messages = []
     for i, message in enumerate(value):

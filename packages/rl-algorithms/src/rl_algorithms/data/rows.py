@@ -161,7 +161,9 @@ def _add_system(messages: list[Message], system_prompt: str | None) -> list[Mess
 
 def _field(record: dict[str, Any], key: str, setting: str, also: str = "") -> Any:
     """``record[key]``; a missing field names the config key (``setting``) that says where it is."""
-    if key not in record or record[key] is None:
+    if record.get(key, "") is None:  # JSON null, or an empty cell of a parquet / datasets column
+        raise BadRow(f"field {key!r} is null")
+    if key not in record:
         present = ", ".join(repr(k) for k in record) or "none"
         raise BadRow(f"missing field {key!r} (fields present: {present}); set {setting} to the field that "
                      f"holds it{also}")
