@@ -112,3 +112,30 @@ def test_wrong_command_for_format(capsys, tiny_model_dir, tmp_path):
     assert "not DCP; use `rl-checkpoint to-hf`" in run_error(capsys, ["dcp-to-hf", tiny_model_dir, str(tmp_path / "o")])
     cfg = json.loads((__import__("pathlib").Path(tiny_model_dir) / "config.json").read_text())
     assert cfg["model_type"] == "llama"
+
+
+def test_megatron_to_hf_of_a_checkpoint_not_in_megatron_format(capsys, tiny_model_dir, tmp_path):
+    """It used to blame a missing .metadata (a training checkpoint) or a tensor without HF counterpart (a bare DCP)."""
+    assert main(["hf-to-dcp", tiny_model_dir, str(tmp_path / "ckpt")]) == 0
+    out = tmp_path / "out"
+    detects = "`rl-checkpoint to-hf` without --format (it detects the format)"
+    for path, found, use in [
+        (tmp_path / "ckpt", "a training checkpoint with HF tensor names", f"`rl-checkpoint dcp-to-hf`, or {detects}"),
+        (tmp_path / "ckpt" / "dcp", "a DCP checkpoint with HF tensor names", f"`rl-checkpoint dcp-to-hf`, or {detects}"),
+        (tiny_model_dir, "an HF safetensors model", detects),
+    ]:
+        for argv in (["megatron-to-hf", str(path), str(out)], ["to-hf", str(path), str(out), "--format", "megatron"]):
+            err = run_error(capsys, [*argv, "--config-dir", tiny_model_dir])
+            assert err == f"rl-checkpoint: error: {path}: is {found}, not in Megatron format; use {use}"
+            no_leftovers(out)
+
+
+def test_gguf_takes_no_config_dir(capsys, tiny_model_dir, tmp_path):
+    """A GGUF carries its config and tokenizer; a --config-dir beside it was ignored without a word."""
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")  # refused before it is read
+    for argv in (["to-hf", str(gguf), str(tmp_path / "out")], ["inspect", str(gguf)]):
+        err = run_error(capsys, [*argv, "--config-dir", tiny_model_dir])
+        assert err == (f"rl-checkpoint: error: --config-dir {tiny_model_dir}: a GGUF file carries its own config and "
+                       f"tokenizer, so {gguf} takes no --config-dir; leave the flag out")
+    no_leftovers(tmp_path / "out")

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from cli_testlib import no_leftovers, run_error
 
 from rl_checkpoint.cli import main
 from rl_checkpoint.dcp_io import save_dcp
@@ -118,3 +119,48 @@ def test_rslora_scale(tiny_model_dir, tmp_path, read_hf, rslora):
     got = read_hf(tmp_path / "m")
     name = "model.layers.0.self_attn.q_proj.weight"
     torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("flags, config, message", [
+    (["--lora-rank", "0"], {}, "--lora-rank is 0, but a LoRA rank (PEFT's r) must be an integer >= 1; "
+                               "pass the rank the adapter was trained with"),
+    ([], {"r": 0}, "adapter_config.json: r is 0, but a LoRA rank (PEFT's r) must be an integer >= 1; "
+                   "correct it or pass --lora-rank"),
+    ([], {"r": 2.5}, "adapter_config.json: r is 2.5, but a LoRA rank"),
+    (["--lora-alpha", "nan"], {"lora_alpha": None},
+     "--lora-alpha is nan, but LoRA alpha must be a finite number; pass the alpha the adapter was trained with"),
+    (["--lora-alpha=-inf"], {}, "--lora-alpha is -inf, but LoRA alpha must be a finite number"),
+    ([], {"lora_alpha": float("nan")}, "adapter_config.json: lora_alpha is nan, but LoRA alpha must be a finite "
+                                       "number; correct it or pass --lora-alpha"),
+    ([], {"lora_alpha": "16"}, "adapter_config.json: lora_alpha is '16', but LoRA alpha must be a finite number"),
+])
+def test_rank_below_one_or_alpha_not_finite_is_refused(tiny_model_dir, tmp_path, read_hf, capsys, flags, config,
+                                                        message):
+    """A rank of 0 was a ZeroDivisionError traceback, and a NaN alpha a model full of NaN (exit 0)."""
+    write_peft(tmp_path / "a", make_adapters(read_hf(tiny_model_dir)), rank=4, alpha=8)
+    cfg = json.loads((tmp_path / "a" / "adapter_config.json").read_text()) | config
+    (tmp_path / "a" / "adapter_config.json").write_text(json.dumps({k: v for k, v in cfg.items() if v is not None}))
+    for mode in (["--base", tiny_model_dir], ["--adapter-only"]):
+        err = run_error(capsys, ["merge-lora", str(tmp_path / "a"), str(tmp_path / "m"), *mode, *flags])
+        assert message in err
+        no_leftovers(tmp_path / "m")
+
+
+def test_rank_of_a_training_checkpoint_is_checked(tiny_model_dir, tmp_path, read_hf, capsys):
+    base = read_hf(tiny_model_dir)
+    save_dcp({"model": base | make_adapters(base)}, tmp_path / "ckpt" / "dcp")
+    (tmp_path / "ckpt" / "meta.json").write_text(json.dumps({"format": "rl-dcp", "lora": {"rank": 0, "alpha": 8}}))
+    err = run_error(capsys, ["dcp-to-hf", str(tmp_path / "ckpt"), str(tmp_path / "hf"), "--config-dir", tiny_model_dir])
+    assert f"{tmp_path / 'ckpt' / 'meta.json'}: lora.rank is 0, but a LoRA rank (PEFT's r) must be an integer >= 1" in err
+    no_leftovers(tmp_path / "hf")
+
+
+def test_negative_alpha_is_merged_as_peft_merges_it(tiny_model_dir, tmp_path, read_hf):
+    """PEFT checks only the rank (>= 1); alpha's sign is the user's, and the merge equals PEFT's: W + alpha/r B A."""
+    base = read_hf(tiny_model_dir)
+    adapters = make_adapters(base, rank=4)
+    write_peft(tmp_path / "a", adapters, rank=4, alpha=-8)
+    assert main(["merge-lora", str(tmp_path / "a"), str(tmp_path / "m"), "--base", tiny_model_dir]) == 0
+    name = "model.layers.1.mlp.down_proj.weight"
+    torch.testing.assert_close(read_hf(tmp_path / "m")[name], expected_merge(base, adapters, scale=-2.0)[name],
+                               rtol=0, atol=1e-6)

@@ -107,6 +107,9 @@ def test_hf_megatron_hf_through_cli(tiny_hf, tmp_path, read_hf, same_tensors):
     assert main(["hf-to-dcp", str(tiny_hf), str(tmp_path / "mg"), "--megatron"]) == 0
     assert main(["to-hf", str(tmp_path / "mg"), str(tmp_path / "hf")]) == 0
     same_tensors(read_hf(tiny_hf), read_hf(tmp_path / "hf"))
+    # megatron-to-hf reads it too (it looked for DCP metadata beside meta.json, not in dcp/)
+    assert main(["megatron-to-hf", str(tmp_path / "mg"), str(tmp_path / "hf2")]) == 0
+    same_tensors(read_hf(tiny_hf), read_hf(tmp_path / "hf2"))
 
 
 def test_inspect_and_diff(tiny_model_dir, tiny_qwen2_dir, tmp_path, capsys, read_hf, same_tensors):

@@ -7,12 +7,17 @@ checkpoint step directory means its ``policy/``; training checkpoints are verifi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from rl_checkpoint import convert
-from rl_checkpoint.detect import FORMATS, detect_format
+from rl_checkpoint.detect import FORMATS, checked_lora_alpha, checked_lora_rank, detect_format
 from rl_checkpoint.errors import CheckpointError
 from rl_checkpoint.output import parse_size
 
@@ -79,10 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config-dir", type=Path)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    p = sub.add_parser("diff", help="max |a - b| per tensor; exit 1 beyond --atol")
+    p = sub.add_parser("diff", help="max |a - b| per tensor; exit 1 beyond --atol or where NaN/inf differ")
     p.add_argument("a", type=Path)
     p.add_argument("b", type=Path)
-    p.add_argument("--atol", type=float, default=0.0, help="largest allowed max abs difference (default 0)")
+    p.add_argument("--atol", type=float, default=0.0,
+                   help="largest allowed max abs difference, a finite number >= 0 (default 0); a NaN or inf in "
+                        "one checkpoint is a difference unless the other has the same at the same position")
     p.add_argument("--config-dir-a", type=Path)
     p.add_argument("--config-dir-b", type=Path)
     return parser
@@ -138,9 +145,13 @@ def _print_inspect(report: dict) -> None:
 
 
 def _print_diff(report: dict, atol: float) -> int:
-    bad = [n for n, d in report["max_abs_diff"].items() if d > atol]
+    mismatch, in_both = report["nonfinite_mismatch"], report["nonfinite_same"]
+    bad = [n for n, d in report["max_abs_diff"].items() if d > atol or n in mismatch]
     for name in bad:
-        print(f"DIFF {name}: max_abs_diff={report['max_abs_diff'][name]:.3e}")
+        nan_inf = f", nan_inf_mismatches={mismatch[name]}" if name in mismatch else ""
+        print(f"DIFF {name}: max_abs_diff={report['max_abs_diff'][name]:.3e}{nan_inf}")
+    for name, count in in_both.items():
+        print(f"NAN-INF {name}: {count} NaN/inf at the same positions in both (counted as equal)")
     for name, (sa, sb) in report["shape_mismatch"].items():
         print(f"SHAPE {name}: {sa} vs {sb}")
     for name in report["only_in_a"]:
@@ -149,22 +160,67 @@ def _print_diff(report: dict, atol: float) -> int:
         print(f"ONLY-B {name}")
     worst = max(report["max_abs_diff"].values(), default=0.0)
     same = not (bad or report["shape_mismatch"] or report["only_in_a"] or report["only_in_b"])
+    counts = "".join(f", {key}={sum(c.values())}" for key, c in (("nan_inf_mismatches", mismatch),
+                                                                 ("nan_inf_in_both", in_both)) if c)
     print(f"{'same' if same else 'different'}: {len(report['max_abs_diff'])} common tensors, "
-          f"max_abs_diff={worst:.3e}, atol={atol}")
+          f"max_abs_diff={worst:.3e}{counts}, atol={atol}")
     return 0 if same else 1
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Values argparse's types let through (``--atol nan``, ``--lora-rank 0``): one line, before anything is read."""
+    atol = getattr(args, "atol", None)
+    if atol is not None and not (math.isfinite(atol) and atol >= 0):
+        raise CheckpointError(f"--atol {atol}: must be a finite number >= 0 (the largest max abs difference allowed)")
+    if getattr(args, "lora_rank", None) is not None:
+        checked_lora_rank(args.lora_rank, "--lora-rank")
+    if getattr(args, "lora_alpha", None) is not None:
+        checked_lora_alpha(args.lora_alpha, "--lora-alpha")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    interrupted = threading.Event()
     try:
-        return _run(args)
-    except CheckpointError as e:
-        print(f"rl-checkpoint: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # parent is a file, read-only directory, disk full: the output was never published
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"rl-checkpoint: error: {where}{e.strerror or e}; nothing was written", file=sys.stderr)
-        return 2
+        with _noting_interrupts(interrupted):
+            _check_flags(args)
+            return _run(args)
+    except BaseException as e:
+        # Ctrl-C, also where a library wraps it in an error of its own (dcp.save: a CheckpointException, itself
+        # a BaseException): the output's temporary directory is gone and an existing OUT kept
+        if isinstance(e, KeyboardInterrupt) or interrupted.is_set():
+            print("rl-checkpoint: interrupted", file=sys.stderr)
+            return 130
+        if isinstance(e, CheckpointError):
+            print(f"rl-checkpoint: error: {e}", file=sys.stderr)
+            return 2
+        if isinstance(e, OSError):  # parent is a file, read-only directory, disk full: the output was never published
+            where = f"{e.filename}: " if e.filename else ""
+            print(f"rl-checkpoint: error: {where}{e.strerror or e}; nothing was written", file=sys.stderr)
+            return 2
+        raise
+
+
+@contextlib.contextmanager
+def _noting_interrupts(interrupted: threading.Event) -> Iterator[None]:
+    """Set ``interrupted`` when SIGINT arrives (which still raises KeyboardInterrupt), so a Ctrl-C that a
+    library turns into an error of its own (``dcp.save`` raises a CheckpointException) still ends as
+    interrupted. Only in the main thread, where Python delivers signals, and only over Python's default
+    handler (an embedding program's own stays)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+
+    def note(signum, frame):
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 if __name__ == "__main__":

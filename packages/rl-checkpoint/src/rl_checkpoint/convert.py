@@ -215,7 +215,7 @@ def merge_lora(adapter: str | Path, out: str | Path, *, base: str | Path | None 
     pairs = lora_pairs(list(adapter_src.infos))
     if not pairs:
         raise CheckpointError(f"{adapter}: holds no lora_A/lora_B tensors")
-    scale = lora_scale(meta | ({"lora": adapter_cfg} if adapter_cfg else {}), config_dir, lora_alpha, lora_rank)
+    scale = lora_scale(meta, config_dir, lora_alpha, lora_rank, meta_file=adapter / "meta.json")
     if scale is None:
         raise CheckpointError(f"{adapter}: LoRA alpha/rank unknown; pass --lora-alpha and --lora-rank")
     if adapter_only:
@@ -273,23 +273,45 @@ def checksum_note(verified: Verified | None) -> str | None:
 
 
 def diff(a: str | Path, b: str | Path, *, config_dir_a=None, config_dir_b=None) -> dict:
-    """Tensor-by-tensor max |a - b| (in fp64 for floats) between two checkpoints of any formats.
+    """Tensor-by-tensor comparison (in fp64 for floats) of two checkpoints of any formats.
 
-    Returns ``{"max_abs_diff": {name: float}, "only_in_a": [...], "only_in_b": [...], "shape_mismatch": {...}}``."""
+    Returns ``{"max_abs_diff": {name: float}, "nonfinite_mismatch": {name: int}, "nonfinite_same": {name: int},
+    "only_in_a": [...], "only_in_b": [...], "shape_mismatch": {...}}``; see ``compare_tensors`` for the
+    NaN/inf counts (tensors without any are left out of them)."""
     src_a = open_checkpoint(a, config_dir=config_dir_a).source
     src_b = open_checkpoint(b, config_dir=config_dir_b).source
     common = [n for n in src_a.infos if n in src_b.infos]
-    report: dict = {"max_abs_diff": {}, "only_in_a": sorted(set(src_a.infos) - set(src_b.infos)),
+    report: dict = {"max_abs_diff": {}, "nonfinite_mismatch": {}, "nonfinite_same": {},
+                    "only_in_a": sorted(set(src_a.infos) - set(src_b.infos)),
                     "only_in_b": sorted(set(src_b.infos) - set(src_a.infos)), "shape_mismatch": {}}
     for name in common:
         ia, ib = src_a.infos[name], src_b.infos[name]
         if ia.shape != ib.shape:
             report["shape_mismatch"][name] = [list(ia.shape), list(ib.shape)]
             continue
-        ta, tb = src_a.load([name])[name], src_b.load([name])[name]
-        d = (ta.double() - tb.double()).abs().max().item() if ta.numel() else 0.0
-        report["max_abs_diff"][name] = d
+        max_abs_diff, mismatch, same = compare_tensors(src_a.load([name])[name], src_b.load([name])[name])
+        report["max_abs_diff"][name] = max_abs_diff
+        if mismatch:
+            report["nonfinite_mismatch"][name] = mismatch
+        if same:
+            report["nonfinite_same"][name] = same
     return report
+
+
+def compare_tensors(a: torch.Tensor, b: torch.Tensor) -> tuple[float, int, int]:
+    """``(max |a - b| where both are finite, NaN/inf mismatches, NaN/inf matches)`` of two same-shape tensors.
+
+    A mismatch is a position where one is NaN or infinite and the other is not the same: a number, the
+    other infinity, or (for a NaN) anything but NaN. NaN in both, or the same infinity in both, is a match:
+    equal, as a conversion that keeps a NaN has kept the checkpoint, and counted so it can be reported."""
+    a, b = a.double(), b.double()
+    finite = a.isfinite() & b.isfinite()
+    if finite.all():
+        return ((a - b).abs().max().item() if a.numel() else 0.0), 0, 0
+    max_abs_diff = (a[finite] - b[finite]).abs().max().item() if finite.any() else 0.0
+    nonfinite = ~finite
+    equal = (a == b) | (a.isnan() & b.isnan())
+    return max_abs_diff, int((nonfinite & ~equal).sum()), int((nonfinite & equal).sum())
 
 
 def tensor_infos(tensors: dict[str, torch.Tensor]) -> dict[str, TensorInfo]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,15 @@ from rl_checkpoint.sources import (
 )
 
 FORMATS = ("hf", "rl-dcp", "dcp", "megatron", "gguf", "peft")
+# (asked, detected) pairs a --format may override: a bare DCP's HF names read as such though one looks
+# like Megatron's (``model.decoder.*`` of an encoder-decoder), and a training checkpoint holding Megatron
+# names (``hf-to-dcp --megatron``; checked against its keys when opened).
+_FORMATS_FORCED = {("dcp", "megatron"), ("megatron", "rl-dcp")}
+_FORMAT_NAMES = {"hf": "an HF safetensors model", "rl-dcp": "a training checkpoint with HF tensor names",
+                 "dcp": "a DCP checkpoint with HF tensor names", "megatron": "a Megatron checkpoint",
+                 "gguf": "a GGUF file", "peft": "a PEFT LoRA adapter"}
+_COMMAND_FOR = {"hf": "to-hf", "rl-dcp": "dcp-to-hf", "dcp": "dcp-to-hf", "megatron": "megatron-to-hf",
+                "gguf": "gguf-to-hf", "peft": "merge-lora"}
 _MEGATRON_MARKERS = ("embedding.word_embeddings.weight", "decoder.", "output_layer.weight")
 
 
@@ -90,16 +99,64 @@ def detect_format(path: str | Path) -> str:
                           f"pass one of: {', '.join(FORMATS)}")
 
 
-def lora_scale(meta: dict, config_dir: Path | None, alpha: float | None, rank: int | None) -> float | None:
-    """alpha / rank (alpha / sqrt(rank) with rsLoRA) from flags, meta.json["lora"] or adapter_config.json."""
-    info = dict(meta.get("lora") or {})
+def wrong_format(path: Path, found: str, asked: str) -> str:
+    """The error for a checkpoint given as format ``asked`` (``megatron-to-hf``, ``--format``) that is ``found``."""
+    asked_name = "Megatron" if asked == "megatron" else asked
+    detecting = "`rl-checkpoint to-hf` without --format (it detects the format)"
+    use = {"to-hf": detecting, "merge-lora": "`rl-checkpoint merge-lora`"}.get(
+        _COMMAND_FOR[found], f"`rl-checkpoint {_COMMAND_FOR[found]}`, or {detecting}")
+    return f"{path}: is {_FORMAT_NAMES[found]}, not in {asked_name} format; use {use}"
+
+
+def lora_scale(meta: dict, config_dir: Path | None, alpha: float | None, rank: int | None, *,
+               meta_file: str | Path = "meta.json") -> float | None:
+    """alpha / rank (alpha / sqrt(rank) with rsLoRA), None while either is unknown.
+
+    Each comes from its flag, else ``meta["lora"]`` (``rank``, ``alpha``; ``meta_file`` names it in errors),
+    else ``config_dir/adapter_config.json`` (``r``, ``lora_alpha``). The values PEFT accepts are accepted:
+    a rank is an integer >= 1, alpha any finite number (PEFT does not check its sign, so neither does the
+    merge, which must equal PEFT's); anything else is a CheckpointError naming the flag, or file and key."""
+    records: list[tuple[str, dict, dict[str, str]]] = []  # (where, record, its keys): the first holding a key wins
+    if isinstance(meta.get("lora"), dict):
+        records.append((f"{meta_file}: lora.", meta["lora"], {"rank": "rank", "alpha": "alpha"}))
     if config_dir is not None and (config_dir / "adapter_config.json").is_file():
-        info = json.loads((config_dir / "adapter_config.json").read_text()) | info
-    alpha = alpha if alpha is not None else info.get("alpha", info.get("lora_alpha"))
-    rank = rank if rank is not None else info.get("rank", info.get("r"))
+        adapter_config = read_json(config_dir / "adapter_config.json", "PEFT adapter config")
+        if isinstance(adapter_config, dict):
+            records.append((f"{config_dir / 'adapter_config.json'}: ", adapter_config, {"rank": "r", "alpha": "lora_alpha"}))
+
+    def lookup(what: str, flag_value: object) -> tuple[str, object]:
+        if flag_value is not None:
+            return f"--lora-{what}", flag_value
+        for where, record, keys in records:
+            if record.get(keys[what]) is not None:
+                return f"{where}{keys[what]}", record[keys[what]]
+        return f"--lora-{what}", None
+
+    rank_where, rank = lookup("rank", rank)
+    alpha_where, alpha = lookup("alpha", alpha)
+    rank = checked_lora_rank(rank, rank_where) if rank is not None else None
+    alpha = checked_lora_alpha(alpha, alpha_where) if alpha is not None else None
     if alpha is None or rank is None:
         return None
-    return float(alpha) / (float(rank) ** 0.5 if info.get("use_rslora") else float(rank))
+    rslora = next((r["use_rslora"] for _, r, _ in records if r.get("use_rslora") is not None), False)
+    return alpha / (rank ** 0.5 if rslora else rank)
+
+
+def checked_lora_rank(value: object, where: str) -> int:
+    """``value`` when it is a LoRA rank PEFT accepts (an integer >= 1), else a CheckpointError naming ``where``
+    (a flag, or a file and key)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        fix = "pass the rank the adapter was trained with" if where.startswith("--") else "correct it or pass --lora-rank"
+        raise CheckpointError(f"{where} is {value!r}, but a LoRA rank (PEFT's r) must be an integer >= 1; {fix}")
+    return value
+
+
+def checked_lora_alpha(value: object, where: str) -> float:
+    """``value`` as a float when it is a LoRA alpha PEFT accepts (a finite number), else a CheckpointError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        fix = "pass the alpha the adapter was trained with" if where.startswith("--") else "correct it or pass --lora-alpha"
+        raise CheckpointError(f"{where} is {value!r}, but LoRA alpha must be a finite number; {fix}")
+    return float(value)
 
 
 def verify_training_checkpoint(model: Path, *, whole: bool = False) -> Verified:
@@ -117,21 +174,30 @@ def open_checkpoint(path: str | Path, *, fmt: str | None = None, config_dir: str
 
     A training checkpoint is verified against its manifest first (``verify_whole``: every file of it)."""
     path = model_dir(path)
-    fmt = fmt or detect_format(path)
+    found = detect_format(path)
+    if fmt is not None and fmt != found and (fmt, found) not in _FORMATS_FORCED:
+        raise CheckpointError(wrong_format(path, found, fmt))
+    fmt = fmt or found
     config = Path(config_dir) if config_dir else None
     meta: dict = {}
     verified = None
-    if fmt == "rl-dcp":
+    if found == "rl-dcp":
         verified = verify_training_checkpoint(path, whole=verify_whole)
         meta = read_json(path / "meta.json", "meta.json of the training checkpoint")
         if meta.get("format") not in ("rl-dcp", "rl-megatron"):
             raise CheckpointError(f"{path / 'meta.json'}: format is {meta.get('format')!r}, expected 'rl-dcp'")
         config = config or (path / "hf_config")
         dcp_path = path / "dcp"
-        fmt = "megatron" if _is_megatron_keys(DCPReader(dcp_path).infos) else "rl-dcp"
+        keys = "megatron" if _is_megatron_keys(DCPReader(dcp_path).infos) else "rl-dcp"
+        if fmt == "megatron" and keys != "megatron":
+            raise CheckpointError(wrong_format(path, "rl-dcp", fmt))
+        fmt = keys
     else:
         dcp_path = resolve_megatron_dir(path)
     if fmt == "gguf":
+        if config is not None:
+            raise CheckpointError(f"--config-dir {config}: a GGUF file carries its own config and tokenizer, so "
+                                  f"{path} takes no --config-dir; leave the flag out")
         from rl_checkpoint.gguf_io import GGUFSource
 
         return Opened("gguf", GGUFSource(path, dtype or torch.float32), None, path)
@@ -149,7 +215,7 @@ def open_checkpoint(path: str | Path, *, fmt: str | None = None, config_dir: str
     elif fmt in ("dcp", "rl-dcp"):
         source = DCPModelSource(dcp_path)
         if lora_pairs(list(source.infos)):
-            scale = lora_scale(meta, config, lora_alpha, lora_rank)
+            scale = lora_scale(meta, config, lora_alpha, lora_rank, meta_file=path / "meta.json")
             if scale is None:
                 raise CheckpointError(f"{path}: holds LoRA adapters but no LoRA alpha/rank (meta.json 'lora' or "
                                       "adapter_config.json); pass --lora-alpha and --lora-rank")
