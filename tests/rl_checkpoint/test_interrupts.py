@@ -15,6 +15,15 @@ from rl_checkpoint import convert
 from rl_checkpoint.cli import main
 
 
+@pytest.fixture(autouse=True)
+def _sigint_as_in_a_terminal():
+    """SIGINT raises KeyboardInterrupt, as in a terminal: a job started in the background by a non-interactive
+    shell (a CI script) starts with SIGINT ignored, and Python then installs no handler for it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def interrupt() -> None:
     """A real SIGINT, delivered while "writing"."""
     os.kill(os.getpid(), signal.SIGINT)
