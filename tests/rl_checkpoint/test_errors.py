@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,3 +140,12 @@ def test_gguf_takes_no_config_dir(capsys, tiny_model_dir, tmp_path):
         assert err == (f"rl-checkpoint: error: --config-dir {tiny_model_dir}: a GGUF file carries its own config and "
                        f"tokenizer, so {gguf} takes no --config-dir; leave the flag out")
     no_leftovers(tmp_path / "out")
+
+
+def test_an_explicit_format_reads_what_detection_cannot_name(tiny_model_dir, tmp_path):
+    """--format is the escape hatch: a safetensors file under another suffix converts with --format hf (the
+    format check compares --format with what was detected only where something was)."""
+    weights = tmp_path / "weights.st"
+    shutil.copy(Path(tiny_model_dir) / "model.safetensors", weights)
+    assert main(["to-hf", str(weights), str(tmp_path / "out"), "--format", "hf", "--config-dir", tiny_model_dir]) == 0
+    assert (tmp_path / "out" / "config.json").is_file()

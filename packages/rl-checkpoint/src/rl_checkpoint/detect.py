@@ -174,7 +174,12 @@ def open_checkpoint(path: str | Path, *, fmt: str | None = None, config_dir: str
 
     A training checkpoint is verified against its manifest first (``verify_whole``: every file of it)."""
     path = model_dir(path)
-    found = detect_format(path)
+    try:
+        found = detect_format(path)
+    except CheckpointError:
+        if fmt is None or not Path(path).exists():
+            raise
+        found = fmt  # --format names what detection could not tell: the reader of that format says the rest
     if fmt is not None and fmt != found and (fmt, found) not in _FORMATS_FORCED:
         raise CheckpointError(wrong_format(path, found, fmt))
     fmt = fmt or found
