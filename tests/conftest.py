@@ -161,3 +161,15 @@ def vlm_training_logprobs():
         return out
 
     return compute
+
+
+@pytest.fixture
+def sigint_as_in_a_terminal():
+    """SIGINT raises KeyboardInterrupt, as in a terminal, for tests that send one: a job started in the
+    background by a non-interactive shell (a CI script) starts with SIGINT ignored, and a test run before may
+    have left another handler."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

@@ -12,14 +12,7 @@ import pytest
 
 from rl_algorithms.checkpointing import CheckpointManager
 
-
-@pytest.fixture(autouse=True)
-def _sigint_as_in_a_terminal():
-    """SIGINT raises KeyboardInterrupt, as in a terminal: a job started in the background by a non-interactive
-    shell (a CI script) starts with SIGINT ignored, and Python then installs no handler for it."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
+pytestmark = pytest.mark.usefixtures("sigint_as_in_a_terminal")
 
 
 def test_ctrl_c_during_a_checkpoint_save_is_an_interruption_and_keeps_the_last_checkpoint(rl, monkeypatch, tmp_path):

@@ -14,14 +14,7 @@ from cli_testlib import no_leftovers
 from rl_checkpoint import convert
 from rl_checkpoint.cli import main
 
-
-@pytest.fixture(autouse=True)
-def _sigint_as_in_a_terminal():
-    """SIGINT raises KeyboardInterrupt, as in a terminal: a job started in the background by a non-interactive
-    shell (a CI script) starts with SIGINT ignored, and Python then installs no handler for it."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
+pytestmark = pytest.mark.usefixtures("sigint_as_in_a_terminal")
 
 
 def interrupt() -> None:
