@@ -18,6 +18,7 @@ from pathlib import Path
 from rl_backends_train import TrainBackendConfig
 from rl_checkpoint.layout import POLICY_DIR
 from rl_core.config import ConfigError, ConfigProblem
+from rl_core.models.check import meta_model
 
 
 def check_resume_command(out: Path, command: str) -> None:
@@ -115,12 +116,4 @@ def _has_steps(folder: Path) -> bool:
 
 def _weight_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
     """``{weight name: shape}`` of the HF model whose config.json is in ``model_dir`` (built on the meta device)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    from rl_core.models.processor import is_vision_language_model
-
-    model_class = AutoModelForImageTextToText if is_vision_language_model(model_dir) else AutoModelForCausalLM
-    with torch.device("meta"):
-        model = model_class.from_config(AutoConfig.from_pretrained(model_dir))
-    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    return {name: tuple(tensor.shape) for name, tensor in meta_model(model_dir).state_dict().items()}

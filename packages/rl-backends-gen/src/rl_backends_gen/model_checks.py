@@ -30,6 +30,7 @@ from pathlib import Path
 
 from rl_backends_gen.config import GenerationConfig
 from rl_core.config import ConfigError, ConfigProblem
+from rl_core.models.check import meta_model
 
 IMAGE_GENERATION_BACKENDS = ("native", "hf")
 """Generation backends that take prompts with images (vLLM, SGLang and Megatron decoding take text only)."""
@@ -40,12 +41,13 @@ def check_generation(cfg: GenerationConfig, model_path: str, refit: bool = False
     caller trains, so the backend will take the trainer's weights."""
     from rl_core.models.processor import is_vision_language_model
 
-    if is_vision_language_model(model_path) and cfg.backend not in IMAGE_GENERATION_BACKENDS:
+    vision = is_vision_language_model(model_path)
+    if vision and cfg.backend not in IMAGE_GENERATION_BACKENDS:
         raise ConfigError(_problem("backend", f"{model_path} is a vision-language model; generation.backend="
                                    f"{cfg.backend!r} takes text prompts only: use one of "
                                    f"{list(IMAGE_GENERATION_BACKENDS)} (the native engine runs the vision tower at "
                                    "prefill)"))
-    if is_vision_language_model(model_path) and cfg.speculative is not None:
+    if vision and cfg.speculative is not None:
         raise ConfigError(_problem("speculative", f"{model_path} is a vision-language model; speculative decoding "
                                    "takes text prompts only: set generation.speculative=null"))
     draft = _draft_problems(cfg, model_path)
@@ -150,7 +152,7 @@ def _native_problems(cfg: GenerationConfig, model_path: str, draft_readable: boo
     from rl_backends_gen.native.proposers import refuse_recurrent
     from rl_backends_gen.native.routing import routers_to_record
 
-    model = _meta_model(model_path)
+    model = meta_model(model_path)
     try:
         layers = build_layer_caches(model, 1, 1, torch.float32, torch.device("meta"))
     except NotImplementedError as e:
@@ -179,7 +181,7 @@ def _path_draft_problem(spec) -> ConfigProblem | None:
     from rl_backends_gen.native.layers import build_layer_caches
     from rl_backends_gen.native.proposers import refuse_recurrent
 
-    draft = _meta_model(str(Path(spec.draft_model).expanduser()))
+    draft = meta_model(str(Path(spec.draft_model).expanduser()))
     try:
         layers = build_layer_caches(draft, 1, 1, torch.float32, torch.device("meta"))
     except NotImplementedError as e:
@@ -197,19 +199,6 @@ def _refusal(key: str, check) -> ConfigProblem | None:
     except (NotImplementedError, ValueError) as e:
         return _problem(key, str(e))
     return None
-
-
-def _meta_model(model_path: str):
-    """The model at ``model_path`` as the engine loads it (a causal LM or a vision-language model), on the
-    meta device: its modules and shapes, no weights."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    from rl_backends_gen.native.vision import is_vision_language_model
-
-    model_class = AutoModelForImageTextToText if is_vision_language_model(model_path) else AutoModelForCausalLM
-    with torch.device("meta"):
-        return model_class.from_config(AutoConfig.from_pretrained(model_path))
 
 
 def _problem(key: str, message: str) -> ConfigProblem:

@@ -1,5 +1,6 @@
 """Is a local directory a loadable Hugging Face model? Cheap checks (JSON and safetensors headers, no
-weights read) so that a bad model fails as one line before any worker starts."""
+weights read) so that a bad model fails as one line before any worker starts; and ``meta_model``, the
+model of a directory's config on the meta device, for checks that need its modules and shapes."""
 
 from __future__ import annotations
 
@@ -37,3 +38,17 @@ def model_dir_problem(path: Path) -> str | None:
         except (SafetensorError, OSError) as e:  # header, length and coverage are checked, no data read
             return f"{shard} is corrupt ({e})"
     return None
+
+
+def meta_model(path: str | Path):
+    """The model of HF directory ``path`` as the library loads it (``AutoModelForImageTextToText`` for a
+    vision-language model, else ``AutoModelForCausalLM``), built on the meta device from its config: its
+    modules, names and shapes, no weights read or allocated."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from rl_core.models.processor import is_vision_language_model
+
+    model_class = AutoModelForImageTextToText if is_vision_language_model(path) else AutoModelForCausalLM
+    with torch.device("meta"):
+        return model_class.from_config(AutoConfig.from_pretrained(path))
